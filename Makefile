@@ -1,0 +1,35 @@
+# bert_suite: every job is a target. `make test` builds .venv from nothing and runs the tests.
+PYTHON     ?= python3
+VENV       ?= .venv
+# torch is installed first and pinned, so that no dependency pulls a different (CUDA) build.
+# GPU users: make install TORCH_SPEC="torch==2.13.0" TORCH_INDEX="--index-url https://download.pytorch.org/whl/cu128"
+TORCH_SPEC ?= torch==2.13.0
+TORCH_INDEX ?=
+BIN        := $(VENV)/bin
+STAMP      := $(VENV)/.bert_suite_installed
+OFFLINE    := HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 HF_EVALUATE_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+PYTEST_ARGS ?=
+
+.PHONY: install test test-all lint clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(STAMP): pyproject.toml constraints.txt | $(BIN)/python
+	$(BIN)/python -m pip install --quiet $(TORCH_INDEX) "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[dev]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+test: install
+	$(OFFLINE) $(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+
+test-all: install
+	$(OFFLINE) $(BIN)/python -m pytest $(PYTEST_ARGS)
+
+lint: install
+	$(BIN)/ruff check src tests
+
+clean:
+	rm -rf $(VENV) .pytest_cache build dist src/*.egg-info

@@ -1,0 +1,53 @@
+"""Export a bert_suite checkpoint to the stock transformers BERT format (model_type `bert`), so
+that `transformers.BertFor*.from_pretrained(dst)` loads it with identical outputs."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import transformers
+
+from . import modeling_bert_suite
+from .configuration_bert_suite import BertSuiteConfig
+
+# Our class -> the stock class with the same modules and parameter names.
+STOCK_CLASSES = {
+    "BertSuiteModel": "BertModel",
+    "BertSuiteForPreTraining": "BertForPreTraining",
+    "BertSuiteForMaskedLM": "BertForMaskedLM",
+    "BertSuiteForSequenceClassification": "BertForSequenceClassification",
+    "BertSuiteForQuestionAnswering": "BertForQuestionAnswering",
+    "BertSuiteForMultipleChoice": "BertForMultipleChoice",
+    "BertSuiteForTokenClassification": "BertForTokenClassification",
+}
+TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+
+
+class ExportError(ValueError):
+    """The checkpoint cannot be expressed in the target format; the message says why."""
+
+
+def export_to_bert(src: str | Path, dst: str | Path) -> Path:
+    """Write `src` (a bert_suite checkpoint) to `dst` as a stock BERT checkpoint: config.json with
+    model_type `bert`, model.safetensors with the same tensor names, and the tokenizer files."""
+    src, dst = Path(src), Path(dst)
+    config = BertSuiteConfig.from_pretrained(src)
+    arch = (config.architectures or ["BertSuiteModel"])[0]
+    if arch not in STOCK_CLASSES:
+        raise ExportError(f"{src}/config.json: architecture {arch!r} has no stock BERT equivalent; "
+                          f"expected one of {', '.join(STOCK_CLASSES)}")
+    if arch == "BertSuiteForPreTraining" and not config.use_nsp:
+        raise ExportError(f"{src}: a pre-training checkpoint without the NSP head (use_nsp=False) has no "
+                          "BertForPreTraining equivalent; load it as BertSuiteForMaskedLM and export that")
+    ours = getattr(modeling_bert_suite, arch).from_pretrained(src)
+    stock = getattr(transformers, STOCK_CLASSES[arch])(transformers.BertConfig(**config.to_bert_dict()))
+    result = stock.load_state_dict(ours.state_dict(), strict=False)
+    if result.missing_keys or result.unexpected_keys:
+        raise ExportError(f"{src}: weights do not map onto {STOCK_CLASSES[arch]}: "
+                          f"missing {result.missing_keys}, unexpected {result.unexpected_keys}")
+    stock.save_pretrained(dst)
+    for name in TOKENIZER_FILES:
+        if (src / name).is_file():
+            shutil.copyfile(src / name, dst / name)
+    return dst

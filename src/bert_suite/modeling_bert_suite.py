@@ -1,0 +1,645 @@
+"""The BertSuite model family: BERT (Devlin et al., 2018) read top to bottom.
+
+embeddings -> encoder layers (self-attention through torch SDPA, feed-forward) -> pooler -> heads
+-> models. Parameter names are those of stock `transformers` BERT, so stock checkpoints load
+unchanged and export back. Every loss is computed in `forward` and returned in the library's
+output dataclasses.
+
+This file imports only torch, transformers and the config beside it: saved checkpoints carry a
+copy of both files so that `AutoModel*.from_pretrained(dir, trust_remote_code=True)` works where
+bert_suite is not installed.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import PreTrainedModel
+from transformers.activations import ACT2FN
+from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.modeling_outputs import (
+    BaseModelOutputWithPoolingAndCrossAttentions,
+    MaskedLMOutput,
+    MultipleChoiceModelOutput,
+    QuestionAnsweringModelOutput,
+    SequenceClassifierOutput,
+    TokenClassifierOutput,
+)
+from transformers.models.bert.modeling_bert import BertForPreTrainingOutput
+
+from .configuration_bert_suite import BertSuiteConfig
+
+# ---------------------------------------------------------------------------------------------
+# Embeddings
+# ---------------------------------------------------------------------------------------------
+
+
+class BertSuiteEmbeddings(nn.Module):
+    """Token + segment + learned absolute position embeddings, then LayerNorm and dropout."""
+
+    def __init__(self, config: BertSuiteConfig):
+        super().__init__()
+        self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
+        self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, input_ids, token_type_ids=None, position_ids=None, inputs_embeds=None):
+        if inputs_embeds is None:
+            inputs_embeds = self.word_embeddings(input_ids)
+        seq_len = inputs_embeds.shape[1]
+        if seq_len > self.position_embeddings.num_embeddings:
+            raise ValueError(
+                f"sequence length {seq_len} exceeds max_position_embeddings "
+                f"({self.position_embeddings.num_embeddings}); truncate the input"
+            )
+        if position_ids is None:
+            position_ids = torch.arange(seq_len, device=inputs_embeds.device)[None]
+        embeddings = inputs_embeds + self.position_embeddings(position_ids)
+        if token_type_ids is None:
+            embeddings = embeddings + self.token_type_embeddings.weight[0]
+        else:
+            embeddings = embeddings + self.token_type_embeddings(token_type_ids)
+        return self.dropout(self.LayerNorm(embeddings))
+
+
+# ---------------------------------------------------------------------------------------------
+# Encoder
+# ---------------------------------------------------------------------------------------------
+
+
+def attention_bias(attention_mask, seq_len, causal, dtype, device):
+    """Additive attention bias (batch, 1, query, key) from a (batch, key) 0/1 mask, or None when
+    nothing is masked so that SDPA can pick its fastest kernel. A large negative number rather
+    than -inf keeps a fully padded row finite, as stock BERT does."""
+    bias = None
+    if attention_mask is not None:
+        if attention_mask.dim() == 2:
+            keep = attention_mask[:, None, None, :].to(torch.bool)
+        elif attention_mask.dim() == 3:  # (batch, query, key)
+            keep = attention_mask[:, None, :, :].to(torch.bool)
+        else:
+            keep = attention_mask.to(torch.bool)
+        bias = torch.zeros(keep.shape, dtype=dtype, device=device).masked_fill(~keep, torch.finfo(dtype).min)
+    if causal:
+        future = torch.ones(seq_len, seq_len, dtype=torch.bool, device=device).triu(1)
+        causal_bias = torch.zeros(seq_len, seq_len, dtype=dtype, device=device).masked_fill(future, torch.finfo(dtype).min)
+        bias = causal_bias[None, None] if bias is None else (bias + causal_bias).clamp(min=torch.finfo(dtype).min)
+    return bias
+
+
+class BertSuiteSelfAttention(nn.Module):
+    """Multi-head self-attention; the weighted sum runs in `F.scaled_dot_product_attention`."""
+
+    def __init__(self, config: BertSuiteConfig):
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.head_dim = config.hidden_size // config.num_attention_heads
+        self.query = nn.Linear(config.hidden_size, config.hidden_size)
+        self.key = nn.Linear(config.hidden_size, config.hidden_size)
+        self.value = nn.Linear(config.hidden_size, config.hidden_size)
+        self.dropout_p = config.attention_probs_dropout_prob
+
+    def forward(self, hidden_states, bias, output_attentions=False):
+        batch, seq_len, width = hidden_states.shape
+        q, k, v = (
+            proj(hidden_states).view(batch, seq_len, self.num_heads, self.head_dim).transpose(1, 2)
+            for proj in (self.query, self.key, self.value)
+        )
+        dropout_p = self.dropout_p if self.training else 0.0
+        probs = None
+        if output_attentions:  # SDPA does not expose the probabilities; compute them explicitly
+            scores = q @ k.transpose(-1, -2) / self.head_dim**0.5
+            probs = (scores if bias is None else scores + bias).softmax(-1)
+            context = F.dropout(probs, dropout_p, self.training) @ v
+        else:
+            context = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p)
+        return context.transpose(1, 2).reshape(batch, seq_len, width), probs
+
+
+class BertSuiteResidualOutput(nn.Module):
+    """dense -> dropout -> LayerNorm(x + residual): closes both sub-layers of a BERT layer."""
+
+    def __init__(self, config: BertSuiteConfig, in_features: int):
+        super().__init__()
+        self.dense = nn.Linear(in_features, config.hidden_size)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, hidden_states, residual):
+        return self.LayerNorm(self.dropout(self.dense(hidden_states)) + residual)
+
+
+class BertSuiteAttention(nn.Module):
+    def __init__(self, config: BertSuiteConfig):
+        super().__init__()
+        self.self = BertSuiteSelfAttention(config)
+        self.output = BertSuiteResidualOutput(config, config.hidden_size)
+
+    def forward(self, hidden_states, bias, output_attentions=False):
+        context, probs = self.self(hidden_states, bias, output_attentions)
+        return self.output(context, hidden_states), probs
+
+
+class BertSuiteIntermediate(nn.Module):
+    def __init__(self, config: BertSuiteConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.intermediate_size)
+        self.intermediate_act_fn = ACT2FN[config.hidden_act]
+
+    def forward(self, hidden_states):
+        return self.intermediate_act_fn(self.dense(hidden_states))
+
+
+class BertSuiteLayer(GradientCheckpointingLayer):
+    def __init__(self, config: BertSuiteConfig):
+        super().__init__()
+        self.attention = BertSuiteAttention(config)
+        self.intermediate = BertSuiteIntermediate(config)
+        self.output = BertSuiteResidualOutput(config, config.intermediate_size)
+
+    def forward(self, hidden_states, bias=None, output_attentions=False):
+        attended, probs = self.attention(hidden_states, bias, output_attentions)
+        return self.output(self.intermediate(attended), attended), probs
+
+
+class BertSuiteEncoder(nn.Module):
+    def __init__(self, config: BertSuiteConfig):
+        super().__init__()
+        self.layer = nn.ModuleList([BertSuiteLayer(config) for _ in range(config.num_hidden_layers)])
+
+    def forward(self, hidden_states, bias, output_hidden_states=False, output_attentions=False):
+        all_hidden = (hidden_states,) if output_hidden_states else None
+        all_probs = () if output_attentions else None
+        for layer in self.layer:
+            hidden_states, probs = layer(hidden_states, bias, output_attentions)
+            if output_hidden_states:
+                all_hidden += (hidden_states,)
+            if output_attentions:
+                all_probs += (probs,)
+        return hidden_states, all_hidden, all_probs
+
+
+class BertSuitePooler(nn.Module):
+    """dense + tanh on the final hidden state of `[CLS]` (C in the paper)."""
+
+    def __init__(self, config: BertSuiteConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.activation = nn.Tanh()
+
+    def forward(self, hidden_states):
+        return self.activation(self.dense(hidden_states[:, 0]))
+
+
+# ---------------------------------------------------------------------------------------------
+# Heads
+# ---------------------------------------------------------------------------------------------
+
+
+class BertSuitePredictionHeadTransform(nn.Module):
+    def __init__(self, config: BertSuiteConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.transform_act_fn = ACT2FN[config.hidden_act]
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+
+    def forward(self, hidden_states):
+        return self.LayerNorm(self.transform_act_fn(self.dense(hidden_states)))
+
+
+class BertSuiteLMPredictionHead(nn.Module):
+    """Masked-LM head: transform, then the decoder tied to the word embeddings plus a bias."""
+
+    def __init__(self, config: BertSuiteConfig):
+        super().__init__()
+        self.transform = BertSuitePredictionHeadTransform(config)
+        self.decoder = nn.Linear(config.hidden_size, config.vocab_size)
+        self.bias = nn.Parameter(torch.zeros(config.vocab_size))
+
+    def forward(self, hidden_states):
+        return self.decoder(self.transform(hidden_states))
+
+
+class BertSuiteMLMHead(nn.Module):
+    def __init__(self, config: BertSuiteConfig):
+        super().__init__()
+        self.predictions = BertSuiteLMPredictionHead(config)
+
+
+class BertSuitePreTrainingHeads(BertSuiteMLMHead):
+    def __init__(self, config: BertSuiteConfig):
+        super().__init__(config)
+        if config.use_nsp:
+            self.seq_relationship = nn.Linear(config.hidden_size, 2)
+
+
+def masked_lm_logits_and_loss(head, sequence_output, labels):
+    """MLM logits at every position (the stock contract) and the mean cross-entropy over the
+    positions whose label is not -100."""
+    logits = head(sequence_output)
+    loss = None
+    if labels is not None:
+        loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100)
+    return logits, loss
+
+
+# ---------------------------------------------------------------------------------------------
+# Models
+# ---------------------------------------------------------------------------------------------
+
+_AUTO_MAP = {
+    "AutoConfig": "configuration_bert_suite.BertSuiteConfig",
+    "AutoModel": "modeling_bert_suite.BertSuiteModel",
+    "AutoModelForPreTraining": "modeling_bert_suite.BertSuiteForPreTraining",
+    "AutoModelForMaskedLM": "modeling_bert_suite.BertSuiteForMaskedLM",
+    "AutoModelForSequenceClassification": "modeling_bert_suite.BertSuiteForSequenceClassification",
+    "AutoModelForQuestionAnswering": "modeling_bert_suite.BertSuiteForQuestionAnswering",
+    "AutoModelForMultipleChoice": "modeling_bert_suite.BertSuiteForMultipleChoice",
+    "AutoModelForTokenClassification": "modeling_bert_suite.BertSuiteForTokenClassification",
+}
+
+
+def _describe_mismatch(cls, folder: str) -> str:
+    """Name the weight file, the tensor and the two shapes when a checkpoint does not fit its config
+    (transformers only says that some sizes differ)."""
+    from safetensors import safe_open
+
+    config = cls.config_class.from_pretrained(folder)
+    with torch.device("meta"):
+        expected = {k: tuple(v.shape) for k, v in cls(config).state_dict().items()}
+    problems = []
+    for name in sorted(os.listdir(folder)):
+        path = os.path.join(folder, name)
+        if name.endswith(".safetensors"):
+            with safe_open(path, "pt") as handle:
+                found = {k: tuple(handle.get_slice(k).get_shape()) for k in handle.keys()}
+        elif name.endswith(".bin"):
+            found = {k: tuple(v.shape) for k, v in torch.load(path, map_location="cpu", weights_only=True).items()}
+        else:
+            continue
+        for key, shape in found.items():
+            for candidate in (key, f"bert.{key}", key.removeprefix("bert.")):
+                if candidate in expected and expected[candidate] != shape:
+                    problems.append(f"{name}: {key} has shape {shape}, config.json implies {expected[candidate]}")
+                    break
+    detail = "; ".join(problems[:3]) + (f" (and {len(problems) - 3} more)" if len(problems) > 3 else "")
+    return f"{folder}: the weights do not fit config.json (hidden_size={config.hidden_size}, " \
+           f"vocab_size={config.vocab_size}, layers={config.num_hidden_layers}): {detail}"
+
+
+class BertSuitePreTrainedModel(PreTrainedModel):
+    config_class = BertSuiteConfig
+    base_model_prefix = "bert"
+    supports_gradient_checkpointing = True
+    _supports_sdpa = True
+    _no_split_modules = ["BertSuiteEmbeddings", "BertSuiteLayer"]
+
+    @torch.no_grad()
+    def _init_weights(self, module):
+        super()._init_weights(module)  # normal(0, initializer_range) linears/embeddings, unit LayerNorms
+        if isinstance(module, BertSuiteLMPredictionHead):
+            module.bias.zero_()
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
+        """Load a bert_suite or a stock BERT checkpoint (safetensors, or `.bin` read with
+        `weights_only=True`: pickled code in a checkpoint is never run)."""
+        if kwargs.get("weights_only") is False:
+            raise ValueError("bert_suite reads .bin weights with weights_only=True only")
+        kwargs["weights_only"] = True
+        try:
+            return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
+        except RuntimeError as err:
+            if "mismatched" not in str(err) or not os.path.isdir(pretrained_model_name_or_path):
+                raise
+            raise ValueError(_describe_mismatch(cls, str(pretrained_model_name_or_path))) from None
+
+    def save_pretrained(self, save_directory, *args, **kwargs):
+        """Write safetensors weights plus this file and the config's, with an `auto_map`, so the
+        checkpoint loads with `trust_remote_code=True` where bert_suite is not installed."""
+        self.config.auto_map = dict(_AUTO_MAP)
+        result = super().save_pretrained(save_directory, *args, **kwargs)
+        if kwargs.get("is_main_process", True):
+            here = os.path.dirname(os.path.abspath(__file__))
+            for name in ("configuration_bert_suite.py", "modeling_bert_suite.py"):
+                shutil.copyfile(os.path.join(here, name), os.path.join(save_directory, name))
+        return result
+
+    def _encode(self, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
+                output_attentions, output_hidden_states):
+        return self.bert(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            token_type_ids=token_type_ids,
+            position_ids=position_ids,
+            inputs_embeds=inputs_embeds,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+        )
+
+    @staticmethod
+    def _finish(out, return_dict):
+        return out if return_dict is not False else out.to_tuple()
+
+
+class BertSuiteModel(BertSuitePreTrainedModel):
+    """The bare encoder: last hidden states and the pooled `[CLS]` vector."""
+
+    def __init__(self, config: BertSuiteConfig, add_pooling_layer: bool = True):
+        super().__init__(config)
+        self.embeddings = BertSuiteEmbeddings(config)
+        self.encoder = BertSuiteEncoder(config)
+        self.pooler = BertSuitePooler(config) if add_pooling_layer else None
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.embeddings.word_embeddings
+
+    def set_input_embeddings(self, value):
+        self.embeddings.word_embeddings = value
+
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        token_type_ids=None,
+        position_ids=None,
+        inputs_embeds=None,
+        output_attentions=None,
+        output_hidden_states=None,
+        return_dict=None,
+    ):
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("pass exactly one of input_ids or inputs_embeds")
+        output_attentions = self.config.output_attentions if output_attentions is None else output_attentions
+        output_hidden_states = (
+            self.config.output_hidden_states if output_hidden_states is None else output_hidden_states
+        )
+        hidden = self.embeddings(input_ids, token_type_ids, position_ids, inputs_embeds)
+        bias = attention_bias(
+            attention_mask, hidden.shape[1], self.config.causal_attention, hidden.dtype, hidden.device
+        )
+        sequence_output, all_hidden, all_probs = self.encoder(hidden, bias, output_hidden_states, output_attentions)
+        out = BaseModelOutputWithPoolingAndCrossAttentions(
+            last_hidden_state=sequence_output,
+            pooler_output=self.pooler(sequence_output) if self.pooler is not None else None,
+            hidden_states=all_hidden,
+            attentions=all_probs,
+        )
+        return self._finish(out, return_dict)
+
+
+class _BertSuiteWithLMHead(BertSuitePreTrainedModel):
+    _tied_weights_keys = {
+        "cls.predictions.decoder.weight": "bert.embeddings.word_embeddings.weight",
+        "cls.predictions.decoder.bias": "cls.predictions.bias",
+    }
+
+    def get_output_embeddings(self):
+        return self.cls.predictions.decoder
+
+    def set_output_embeddings(self, new_embeddings):
+        self.cls.predictions.decoder = new_embeddings
+        self.cls.predictions.bias = new_embeddings.bias
+
+
+class BertSuiteForPreTraining(_BertSuiteWithLMHead):
+    """MLM + NSP. Loss = mean MLM cross-entropy over labelled positions + mean NSP cross-entropy
+    (NSP left out when `config.use_nsp` is False: the paper's "No NSP" ablation)."""
+
+    def __init__(self, config: BertSuiteConfig):
+        super().__init__(config)
+        self.bert = BertSuiteModel(config)
+        self.cls = BertSuitePreTrainingHeads(config)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        token_type_ids=None,
+        position_ids=None,
+        inputs_embeds=None,
+        labels=None,
+        next_sentence_label=None,
+        output_attentions=None,
+        output_hidden_states=None,
+        return_dict=None,
+    ):
+        enc = self._encode(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
+                           output_attentions, output_hidden_states)
+        logits, loss = masked_lm_logits_and_loss(self.cls.predictions, enc.last_hidden_state, labels)
+        nsp_logits = self.cls.seq_relationship(enc.pooler_output) if self.config.use_nsp else None
+        if loss is not None and nsp_logits is not None:
+            if next_sentence_label is None:
+                raise ValueError("labels were given without next_sentence_label; NSP needs both (or use_nsp=False)")
+            loss = loss + F.cross_entropy(nsp_logits.view(-1, 2), next_sentence_label.view(-1))
+        out = BertForPreTrainingOutput(
+            loss=loss,
+            prediction_logits=logits,
+            seq_relationship_logits=nsp_logits,
+            hidden_states=enc.hidden_states,
+            attentions=enc.attentions,
+        )
+        return self._finish(out, return_dict)
+
+
+class BertSuiteForMaskedLM(_BertSuiteWithLMHead):
+    def __init__(self, config: BertSuiteConfig):
+        super().__init__(config)
+        self.bert = BertSuiteModel(config, add_pooling_layer=False)
+        self.cls = BertSuiteMLMHead(config)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        token_type_ids=None,
+        position_ids=None,
+        inputs_embeds=None,
+        labels=None,
+        output_attentions=None,
+        output_hidden_states=None,
+        return_dict=None,
+    ):
+        enc = self._encode(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
+                           output_attentions, output_hidden_states)
+        logits, loss = masked_lm_logits_and_loss(self.cls.predictions, enc.last_hidden_state, labels)
+        out = MaskedLMOutput(loss=loss, logits=logits, hidden_states=enc.hidden_states, attentions=enc.attentions)
+        return self._finish(out, return_dict)
+
+
+class _BertSuiteWithClassifier(BertSuitePreTrainedModel):
+    """Encoder + dropout + a linear classifier with `num_outputs` outputs."""
+
+    def __init__(self, config: BertSuiteConfig, num_outputs: int, add_pooling_layer: bool):
+        super().__init__(config)
+        self.bert = BertSuiteModel(config, add_pooling_layer=add_pooling_layer)
+        dropout = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
+        self.dropout = nn.Dropout(dropout)
+        self.classifier = nn.Linear(config.hidden_size, num_outputs)
+        self.post_init()
+
+
+class BertSuiteForSequenceClassification(_BertSuiteWithClassifier):
+    """Linear layer on the pooled `[CLS]` vector: softmax cross-entropy for classification, MSE
+    when `num_labels == 1` (regression, e.g. STS-B), BCE for multi-label problems."""
+
+    def __init__(self, config: BertSuiteConfig):
+        super().__init__(config, config.num_labels, add_pooling_layer=True)
+
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        token_type_ids=None,
+        position_ids=None,
+        inputs_embeds=None,
+        labels=None,
+        output_attentions=None,
+        output_hidden_states=None,
+        return_dict=None,
+    ):
+        enc = self._encode(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
+                           output_attentions, output_hidden_states)
+        logits = self.classifier(self.dropout(enc.pooler_output))
+        loss = None
+        if labels is not None:
+            problem = self.config.problem_type
+            if problem is None:
+                if self.config.num_labels == 1:
+                    problem = "regression"
+                elif labels.dtype in (torch.long, torch.int):
+                    problem = "single_label_classification"
+                else:
+                    problem = "multi_label_classification"
+            if problem == "regression":
+                loss = F.mse_loss(logits.view(-1).float(), labels.view(-1).float()) if self.config.num_labels == 1 \
+                    else F.mse_loss(logits, labels)
+            elif problem == "single_label_classification":
+                loss = F.cross_entropy(logits.view(-1, self.config.num_labels), labels.view(-1))
+            else:
+                loss = F.binary_cross_entropy_with_logits(logits, labels.to(logits.dtype))
+        out = SequenceClassifierOutput(loss=loss, logits=logits, hidden_states=enc.hidden_states,
+                                       attentions=enc.attentions)
+        return self._finish(out, return_dict)
+
+
+class BertSuiteForMultipleChoice(_BertSuiteWithClassifier):
+    """Inputs (batch, choices, length); one score per choice from the pooled vector; softmax over
+    the choices."""
+
+    def __init__(self, config: BertSuiteConfig):
+        super().__init__(config, 1, add_pooling_layer=True)
+
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        token_type_ids=None,
+        position_ids=None,
+        inputs_embeds=None,
+        labels=None,
+        output_attentions=None,
+        output_hidden_states=None,
+        return_dict=None,
+    ):
+        num_choices = (input_ids if input_ids is not None else inputs_embeds).shape[1]
+
+        def flat(t):
+            return None if t is None else t.reshape(-1, *t.shape[2:])
+
+        enc = self._encode(flat(input_ids), flat(attention_mask), flat(token_type_ids), flat(position_ids),
+                           flat(inputs_embeds), output_attentions, output_hidden_states)
+        logits = self.classifier(self.dropout(enc.pooler_output)).view(-1, num_choices)
+        loss = F.cross_entropy(logits, labels.view(-1)) if labels is not None else None
+        out = MultipleChoiceModelOutput(loss=loss, logits=logits, hidden_states=enc.hidden_states,
+                                        attentions=enc.attentions)
+        return self._finish(out, return_dict)
+
+
+class BertSuiteForTokenClassification(_BertSuiteWithClassifier):
+    """A label per token (first sub-token of each word carries the label, others -100)."""
+
+    def __init__(self, config: BertSuiteConfig):
+        super().__init__(config, config.num_labels, add_pooling_layer=False)
+
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        token_type_ids=None,
+        position_ids=None,
+        inputs_embeds=None,
+        labels=None,
+        output_attentions=None,
+        output_hidden_states=None,
+        return_dict=None,
+    ):
+        enc = self._encode(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
+                           output_attentions, output_hidden_states)
+        logits = self.classifier(self.dropout(enc.last_hidden_state))
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(logits.view(-1, self.config.num_labels), labels.view(-1), ignore_index=-100)
+        out = TokenClassifierOutput(loss=loss, logits=logits, hidden_states=enc.hidden_states,
+                                    attentions=enc.attentions)
+        return self._finish(out, return_dict)
+
+
+class BertSuiteForQuestionAnswering(BertSuitePreTrainedModel):
+    """Start vector S and end vector E (one linear layer with two outputs) over every token;
+    loss = mean of the start and end cross-entropies. Positions outside the sequence are ignored."""
+
+    def __init__(self, config: BertSuiteConfig):
+        super().__init__(config)
+        self.bert = BertSuiteModel(config, add_pooling_layer=False)
+        self.qa_outputs = nn.Linear(config.hidden_size, 2)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        token_type_ids=None,
+        position_ids=None,
+        inputs_embeds=None,
+        start_positions=None,
+        end_positions=None,
+        output_attentions=None,
+        output_hidden_states=None,
+        return_dict=None,
+    ):
+        enc = self._encode(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
+                           output_attentions, output_hidden_states)
+        start_logits, end_logits = self.qa_outputs(enc.last_hidden_state).unbind(-1)
+        start_logits, end_logits = start_logits.contiguous(), end_logits.contiguous()
+        loss = None
+        if start_positions is not None and end_positions is not None:
+            ignored = start_logits.shape[1]  # out-of-window targets are clamped here and ignored
+            start = start_positions.view(-1).clamp(0, ignored)
+            end = end_positions.view(-1).clamp(0, ignored)
+            loss = (F.cross_entropy(start_logits, start, ignore_index=ignored)
+                    + F.cross_entropy(end_logits, end, ignore_index=ignored)) / 2
+        out = QuestionAnsweringModelOutput(loss=loss, start_logits=start_logits, end_logits=end_logits,
+                                           hidden_states=enc.hidden_states, attentions=enc.attentions)
+        return self._finish(out, return_dict)
+
+
+__all__ = [
+    "BertSuiteForMaskedLM",
+    "BertSuiteForMultipleChoice",
+    "BertSuiteForPreTraining",
+    "BertSuiteForQuestionAnswering",
+    "BertSuiteForSequenceClassification",
+    "BertSuiteForTokenClassification",
+    "BertSuiteModel",
+    "BertSuitePreTrainedModel",
+]

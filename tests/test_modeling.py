@@ -1,0 +1,368 @@
+"""The BertSuite family against stock transformers BERT: parity per head, loading, saving, Auto
+dispatch, the ablation switches and the size presets."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+import transformers
+from transformers import AutoConfig, AutoModel, BertConfig
+
+import bert_suite
+from bert_suite import (
+    AUTO_CLASSES,
+    BertSuiteConfig,
+    BertSuiteConfigError,
+    BertSuiteForMaskedLM,
+    BertSuiteForMultipleChoice,
+    BertSuiteForPreTraining,
+    BertSuiteForQuestionAnswering,
+    BertSuiteForSequenceClassification,
+    BertSuiteForTokenClassification,
+    BertSuiteModel,
+)
+from bert_suite.cli import main as cli_main
+
+VOCAB = 101
+TOL = 1e-5
+
+STOCK_CONFIG = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                    intermediate_size=37, max_position_embeddings=64)
+
+
+def batch(shape=(3, 11)):
+    """Token ids with padding (rows of length 11, 7, 4), a mask, and both segment ids."""
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(1, VOCAB, shape, generator=g)
+    mask = torch.ones(shape, dtype=torch.long)
+    lengths = [shape[-1], 7, 4]
+    types = torch.zeros(shape, dtype=torch.long)
+    for row, n in enumerate(lengths[: shape[-2]]):
+        mask[..., row, n:] = 0
+        ids[..., row, n:] = 0
+        types[..., row, n // 2 : n] = 1
+    return {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
+
+
+def labels_for(name, inputs):
+    ids = inputs["input_ids"]
+    g = torch.Generator().manual_seed(2)
+    if name in ("ForPreTraining", "ForMaskedLM"):
+        labels = torch.full_like(ids, -100)
+        labels[:, 1] = ids[:, 1]
+        labels[0, 5] = 7
+        out = {"labels": labels}
+        if name == "ForPreTraining":
+            out["next_sentence_label"] = torch.tensor([0, 1, 1])
+        return out
+    if name == "ForSequenceClassification":
+        return {"labels": torch.tensor([0, 2, 1])}
+    if name == "ForSequenceRegression":
+        return {"labels": torch.tensor([0.5, 2.0, -1.0])}
+    if name == "ForTokenClassification":
+        labels = torch.randint(0, 3, ids.shape, generator=g)
+        labels[inputs["attention_mask"] == 0] = -100
+        return {"labels": labels}
+    if name == "ForQuestionAnswering":
+        return {"start_positions": torch.tensor([1, 2, 40]), "end_positions": torch.tensor([3, 2, 41])}
+    if name == "ForMultipleChoice":
+        return {"labels": torch.tensor([1, 0, 1])}
+    return {}
+
+
+# name -> (our class, stock class name, extra config, output fields to compare)
+HEADS = {
+    "Model": (BertSuiteModel, "BertModel", {}, ["last_hidden_state", "pooler_output"]),
+    "ForPreTraining": (BertSuiteForPreTraining, "BertForPreTraining", {}, ["prediction_logits", "seq_relationship_logits", "loss"]),
+    "ForMaskedLM": (BertSuiteForMaskedLM, "BertForMaskedLM", {}, ["logits", "loss"]),
+    "ForSequenceClassification": (BertSuiteForSequenceClassification, "BertForSequenceClassification", {"num_labels": 3}, ["logits", "loss"]),
+    "ForSequenceRegression": (BertSuiteForSequenceClassification, "BertForSequenceClassification", {"num_labels": 1}, ["logits", "loss"]),
+    "ForQuestionAnswering": (BertSuiteForQuestionAnswering, "BertForQuestionAnswering", {}, ["start_logits", "end_logits", "loss"]),
+    "ForMultipleChoice": (BertSuiteForMultipleChoice, "BertForMultipleChoice", {}, ["logits", "loss"]),
+    "ForTokenClassification": (BertSuiteForTokenClassification, "BertForTokenClassification", {"num_labels": 3}, ["logits", "loss"]),
+}
+
+
+def save_stock(name, folder, bin_weights=False):
+    ours, stock_name, extra, _ = HEADS[name]
+    torch.manual_seed(0)
+    stock = getattr(transformers, stock_name)(BertConfig(**STOCK_CONFIG, **extra)).eval()
+    stock.save_pretrained(folder)
+    if bin_weights:  # the older format: pickled state dict, read back with weights_only=True
+        os.remove(os.path.join(folder, "model.safetensors"))
+        torch.save(stock.state_dict(), os.path.join(folder, "pytorch_model.bin"))
+    return stock
+
+
+def inputs_for(name):
+    if name == "ForMultipleChoice":
+        one = batch()
+        return {k: torch.stack([v, v.roll(1, dims=0)], dim=1) for k, v in one.items()}  # (3, 2, 11)
+    return batch()
+
+
+def max_diff(a, b, fields):
+    return max((getattr(a, f) - getattr(b, f)).abs().max().item() for f in fields)
+
+
+@pytest.mark.parametrize("bin_weights", [False, True], ids=["safetensors", "bin"])
+@pytest.mark.parametrize("name", list(HEADS))
+def test_stock_checkpoint_loads_with_identical_outputs(name, bin_weights, tmp_path, report):
+    ours_cls, _, _, fields = HEADS[name]
+    stock = save_stock(name, tmp_path, bin_weights)
+    ours, info = ours_cls.from_pretrained(tmp_path, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info
+    ours.eval()
+    inputs = inputs_for(name)
+    inputs.update(labels_for(name, inputs))
+    with torch.no_grad():
+        diff = max_diff(stock(**inputs), ours(**inputs), fields)
+    assert diff <= TOL
+    if not bin_weights:
+        report(f"parity max|ours-stock| {name}", f"{diff:.2e}")
+
+
+def test_pretraining_checkpoint_into_task_head_only_initialises_the_head(tmp_path):
+    save_stock("ForPreTraining", tmp_path)
+    _, info = BertSuiteForSequenceClassification.from_pretrained(tmp_path, num_labels=2, output_loading_info=True)
+    assert info["missing_keys"] == {"classifier.weight", "classifier.bias"}
+    _, info = BertSuiteForQuestionAnswering.from_pretrained(tmp_path, output_loading_info=True)
+    assert info["missing_keys"] == {"qa_outputs.weight", "qa_outputs.bias"}
+
+
+def test_mlm_decoder_is_tied_to_word_embeddings():
+    model = BertSuiteForPreTraining(BertSuiteConfig.from_preset("tiny", vocab_size=VOCAB))
+    assert model.cls.predictions.decoder.weight is model.bert.embeddings.word_embeddings.weight
+    assert model.cls.predictions.decoder.bias is model.cls.predictions.bias
+
+
+def test_pretraining_loss_is_mean_mlm_plus_mean_nsp():
+    torch.manual_seed(0)
+    model = BertSuiteForPreTraining(BertSuiteConfig.from_preset("tiny", vocab_size=VOCAB)).eval()
+    inputs = batch()
+    labels = labels_for("ForPreTraining", inputs)
+    out = model(**inputs, **labels)
+    mask = labels["labels"] != -100
+    mlm = torch.nn.functional.cross_entropy(out.prediction_logits[mask], labels["labels"][mask])
+    nsp = torch.nn.functional.cross_entropy(out.seq_relationship_logits, labels["next_sentence_label"])
+    assert torch.allclose(out.loss, mlm + nsp, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["ForPreTraining", "ForSequenceClassification", "ForMultipleChoice"])
+def test_save_and_reload_round_trip(name, tmp_path):
+    ours_cls, _, extra, fields = HEADS[name]
+    torch.manual_seed(0)
+    model = ours_cls(BertSuiteConfig.from_preset("tiny", vocab_size=VOCAB, **extra)).eval()
+    model.save_pretrained(tmp_path)
+    assert (tmp_path / "model.safetensors").is_file() and not list(tmp_path.glob("*.bin"))
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert saved["model_type"] == "bert_suite"
+    assert saved["auto_map"]["AutoModelForSequenceClassification"].endswith("BertSuiteForSequenceClassification")
+    reloaded = AUTO_CLASSES[next(a for a, c in AUTO_CLASSES.items() if c is ours_cls)].from_pretrained(tmp_path)
+    assert type(reloaded) is ours_cls
+    inputs = inputs_for(name)
+    inputs.update(labels_for(name, inputs))
+    with torch.no_grad():
+        assert max_diff(model(**inputs), reloaded.eval()(**inputs), fields) == 0.0
+
+
+def test_auto_classes_dispatch_to_the_family():
+    config = AutoConfig.for_model("bert_suite", vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2,
+                                  num_attention_heads=4, intermediate_size=37)
+    assert isinstance(config, BertSuiteConfig)
+    for auto, cls in AUTO_CLASSES.items():
+        assert type(auto.from_config(config)) is cls
+    assert type(AutoModel.from_config(config)) is BertSuiteModel
+
+
+@pytest.mark.parametrize("name", list(HEADS))
+def test_export_to_stock_bert_gives_identical_outputs(name, tmp_path):
+    ours_cls, stock_name, extra, fields = HEADS[name]
+    torch.manual_seed(0)
+    model = ours_cls(BertSuiteConfig.from_preset("tiny", vocab_size=VOCAB, **extra)).eval()
+    model.save_pretrained(tmp_path / "ours")
+    (tmp_path / "ours" / "vocab.txt").write_text("[PAD]\n[UNK]\n")
+    assert cli_main(["export", "--to", "bert", str(tmp_path / "ours"), str(tmp_path / "stock")]) == 0
+    assert json.loads((tmp_path / "stock" / "config.json").read_text())["model_type"] == "bert"
+    assert (tmp_path / "stock" / "vocab.txt").read_text() == "[PAD]\n[UNK]\n"
+    stock, info = getattr(transformers, stock_name).from_pretrained(tmp_path / "stock", output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"]
+    inputs = inputs_for(name)
+    inputs.update(labels_for(name, inputs))
+    with torch.no_grad():
+        assert max_diff(stock.eval()(**inputs), model(**inputs), fields) <= TOL
+
+
+def test_export_refuses_a_checkpoint_without_nsp(tmp_path, capsys):
+    BertSuiteForPreTraining(BertSuiteConfig.from_preset("tiny", vocab_size=VOCAB, use_nsp=False)).save_pretrained(tmp_path)
+    assert cli_main(["export", "--to", "bert", str(tmp_path), str(tmp_path / "out")]) == 2
+    assert "use_nsp=False" in capsys.readouterr().err
+
+
+def test_trust_remote_code_loads_without_bert_suite(tmp_path):
+    torch.manual_seed(0)
+    model = BertSuiteForSequenceClassification(BertSuiteConfig.from_preset("tiny", vocab_size=VOCAB, num_labels=3)).eval()
+    model.save_pretrained(tmp_path / "ckpt")
+    inputs = batch()
+    torch.save(inputs, tmp_path / "inputs.pt")
+    with torch.no_grad():
+        torch.save(model(**inputs).logits, tmp_path / "expected.pt")
+    script = textwrap.dedent(f"""
+        import sys
+        sys.modules["bert_suite"] = None  # any import of bert_suite now fails
+        import torch
+        from transformers import AutoModelForSequenceClassification
+        model = AutoModelForSequenceClassification.from_pretrained({str(tmp_path / 'ckpt')!r}, trust_remote_code=True)
+        assert "bert_suite" not in type(model).__module__.split(".")[0], type(model).__module__
+        inputs = torch.load({str(tmp_path / 'inputs.pt')!r})
+        with torch.no_grad():
+            got = model.eval()(**inputs).logits
+        diff = (got - torch.load({str(tmp_path / 'expected.pt')!r})).abs().max().item()
+        print(type(model).__module__, diff)
+        assert diff == 0.0, diff
+    """)
+    env = dict(os.environ, HF_MODULES_CACHE=str(tmp_path / "modules"))
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "transformers_modules" in done.stdout
+
+
+def test_causal_switch_hides_later_tokens():
+    torch.manual_seed(0)
+    config = BertSuiteConfig.from_preset("tiny", vocab_size=VOCAB, causal_attention=True)
+    model = BertSuiteModel(config).eval()
+    ids = torch.randint(1, VOCAB, (2, 10))
+    changed = ids.clone()
+    changed[:, 6:] = (changed[:, 6:] + 5) % VOCAB
+    with torch.no_grad():
+        a, b = model(ids).last_hidden_state, model(changed).last_hidden_state
+    assert torch.allclose(a[:, :6], b[:, :6], atol=1e-6)
+    assert not torch.allclose(a[:, 6:], b[:, 6:], atol=1e-3)
+    # the bidirectional model does see the change at earlier positions
+    bidirectional = BertSuiteModel(BertSuiteConfig.from_preset("tiny", vocab_size=VOCAB)).eval()
+    bidirectional.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        assert not torch.allclose(bidirectional(ids).last_hidden_state[:, :6],
+                                  bidirectional(changed).last_hidden_state[:, :6], atol=1e-3)
+
+
+def test_causal_switch_matches_stock_is_decoder(tmp_path):
+    torch.manual_seed(0)
+    stock = transformers.BertModel(BertConfig(**STOCK_CONFIG, is_decoder=True)).eval()
+    stock.save_pretrained(tmp_path)
+    ours = BertSuiteModel.from_pretrained(tmp_path).eval()
+    assert ours.config.causal_attention
+    inputs = batch()
+    with torch.no_grad():
+        assert max_diff(stock(**inputs, use_cache=False), ours(**inputs), ["last_hidden_state"]) <= TOL
+
+
+def test_nsp_switch_removes_the_head_and_its_loss():
+    torch.manual_seed(0)
+    config = BertSuiteConfig.from_preset("tiny", vocab_size=VOCAB, use_nsp=False)
+    model = BertSuiteForPreTraining(config).eval()
+    assert not any("seq_relationship" in name for name, _ in model.named_parameters())
+    inputs = batch()
+    labels = labels_for("ForPreTraining", inputs)
+    out = model(**inputs, labels=labels["labels"])
+    assert out.seq_relationship_logits is None
+    mask = labels["labels"] != -100
+    mlm = torch.nn.functional.cross_entropy(out.prediction_logits[mask], labels["labels"][mask])
+    assert torch.allclose(out.loss, mlm, atol=1e-6)
+    with pytest.raises(ValueError, match="next_sentence_label"):
+        BertSuiteForPreTraining(BertSuiteConfig.from_preset("tiny", vocab_size=VOCAB))(**inputs, labels=labels["labels"])
+
+
+@pytest.mark.parametrize(
+    "preset, expected_millions",
+    [("tiny", 4.4), ("mini", 11.2), ("small", 28.8), ("medium", 41.4), ("base", 109.5), ("large", 335.1)],
+)
+def test_presets_parameter_counts(preset, expected_millions):
+    config = BertSuiteConfig.from_preset(preset)
+    assert config.intermediate_size == 4 * config.hidden_size
+    assert config.hidden_size // config.num_attention_heads == 64
+    with torch.device("meta"):
+        model = BertSuiteModel(config)
+    millions = sum(p.numel() for p in model.parameters()) / 1e6
+    assert millions == pytest.approx(expected_millions, abs=0.1)
+
+
+def test_unknown_preset_is_an_error():
+    with pytest.raises(BertSuiteConfigError, match="unknown preset 'huge'"):
+        BertSuiteConfig.from_preset("huge")
+
+
+def write_config(folder, **overrides):
+    folder.mkdir(exist_ok=True)
+    data = {**STOCK_CONFIG, "model_type": "bert", **overrides}
+    (folder / "config.json").write_text(json.dumps(data))
+    return folder
+
+
+def test_config_with_unknown_key_names_file_and_key(tmp_path):
+    folder = write_config(tmp_path / "ckpt", hiden_size=3)
+    with pytest.raises(BertSuiteConfigError, match=r"ckpt/config.json: unknown config key 'hiden_size'"):
+        BertSuiteConfig.from_pretrained(folder)
+    with pytest.raises(BertSuiteConfigError, match="unknown config key 'hiden_size'"):
+        AutoConfig.from_pretrained(write_config(tmp_path / "ours", **{"model_type": "bert_suite", "hiden_size": 3}))
+
+
+def test_config_with_indivisible_heads_names_file(tmp_path):
+    folder = write_config(tmp_path / "ckpt", hidden_size=30, num_attention_heads=4)
+    with pytest.raises(BertSuiteConfigError, match=r"ckpt/config.json: hidden_size \(30\) is not divisible"):
+        BertSuiteConfig.from_pretrained(folder)
+
+
+def test_stock_config_keys_are_accepted_and_unsupported_ones_refused(tmp_path):
+    folder = write_config(tmp_path / "a", position_embedding_type="absolute", use_cache=True,
+                          gradient_checkpointing=False, architectures=["BertForMaskedLM"])
+    assert BertSuiteConfig.from_pretrained(folder).hidden_size == 32
+    folder = write_config(tmp_path / "b", position_embedding_type="relative_key")
+    with pytest.raises(BertSuiteConfigError, match="position_embedding_type"):
+        BertSuiteConfig.from_pretrained(folder)
+    folder = write_config(tmp_path / "c", model_type="gpt2")
+    with pytest.raises(BertSuiteConfigError, match="not a BERT checkpoint"):
+        BertSuiteConfig.from_pretrained(folder)
+
+
+def test_weights_that_do_not_fit_the_config_name_file_and_tensor(tmp_path):
+    save_stock("ForMaskedLM", tmp_path)
+    data = json.loads((tmp_path / "config.json").read_text())
+    data.update(hidden_size=64)
+    (tmp_path / "config.json").write_text(json.dumps(data))
+    with pytest.raises(ValueError, match=r"model.safetensors: bert\.\S+ has shape \(.*32.*\), config.json implies"):
+        BertSuiteForMaskedLM.from_pretrained(tmp_path)
+
+
+def test_bin_weights_are_never_unpickled_unsafely(tmp_path):
+    save_stock("Model", tmp_path, bin_weights=True)
+    with pytest.raises(ValueError, match="weights_only"):
+        BertSuiteModel.from_pretrained(tmp_path, weights_only=False)
+
+
+def test_sequence_longer_than_positions_is_a_clear_error():
+    model = BertSuiteModel(BertSuiteConfig.from_preset("tiny", vocab_size=VOCAB, max_position_embeddings=8))
+    with pytest.raises(ValueError, match="max_position_embeddings"):
+        model(torch.ones(1, 9, dtype=torch.long))
+
+
+def test_output_hidden_states_and_attentions():
+    model = BertSuiteModel(BertSuiteConfig.from_preset("tiny", vocab_size=VOCAB)).eval()
+    inputs = batch()
+    out = model(**inputs, output_hidden_states=True, output_attentions=True)
+    assert len(out.hidden_states) == 3 and len(out.attentions) == 2
+    probs = out.attentions[0]
+    assert probs.shape == (3, 2, 11, 11)
+    assert torch.allclose(probs.sum(-1), torch.ones(3, 2, 11), atol=1e-5)
+    assert probs[2, :, :, 4:].abs().max() < 1e-6  # padding keys get no attention
+    with torch.no_grad():
+        plain = model(**inputs).last_hidden_state
+    assert torch.allclose(out.last_hidden_state, plain, atol=1e-5)
+
+
+def test_version_is_exposed():
+    assert bert_suite.__version__
