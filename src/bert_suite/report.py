@@ -1,0 +1,237 @@
+"""Report of a hyper-parameter grid: best trial, CSV, Markdown summary and PNG plots.
+
+A trial record is a plain dict (see `REQUIRED_KEYS`; `metrics`, `history`, `train_runtime` and
+`error` are optional). Scores are fractions as the Trainer writes them; the Markdown shows them
+as percentages with two decimals, the way the BERT paper prints its tables.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import logging
+import math
+import os
+import statistics
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO
+
+logger = logging.getLogger(__name__)
+
+REQUIRED_KEYS = ("trial", "learning_rate", "per_device_train_batch_size", "num_train_epochs", "seed", "state")
+SETTING_KEYS = ("learning_rate", "per_device_train_batch_size", "num_train_epochs")
+# Trainer metrics that are bookkeeping or losses, not scores: never shown as percentages.
+_NOT_SCORE_MARKERS = ("loss", "runtime", "per_second", "epoch")
+
+
+def _replace_atomically(path: str | Path, write: Callable[[IO[bytes]], object]) -> Path:
+    """Call `write` on a temp file next to `path`, then rename it onto `path`."""
+    path = Path(path)
+    # Same folder, so os.replace is a rename on one file system: readers see old or new, never half.
+    # os.open with 0o666 rather than mkstemp so the file gets the usual umask mode, not 0600.
+    tmp = path.parent / f".{path.name}.{uuid.uuid4().hex[:12]}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path
+
+
+def atomic_write_text(path: str | Path, text: str) -> Path:
+    """Write `text` (UTF-8) to `path` atomically; returns the path."""
+    return _replace_atomically(path, lambda f: f.write(text.encode("utf-8")))
+
+
+def _validate(trials: list[dict], metric: str) -> None:
+    for i, t in enumerate(trials):
+        missing = [k for k in REQUIRED_KEYS if k not in t]
+        if not missing and t["state"] == "complete" and metric not in (t.get("metrics") or {}):
+            missing = [f"metrics[{metric!r}]"]
+        if missing:
+            raise ValueError(f"trials[{i}] (trial {t.get('trial', '?')}): missing key {missing[0]!r}")
+
+
+def _score(trial: dict, metric: str) -> float | None:
+    """The trial's selection score, or None when it cannot be ranked (not complete, or NaN)."""
+    if trial["state"] != "complete":
+        return None
+    value = (trial.get("metrics") or {}).get(metric)
+    return None if value is None or math.isnan(value) else float(value)
+
+
+def select_best(trials: list[dict], metric: str) -> dict | None:
+    """The complete trial with the highest `metric`; ties go to the lower trial number."""
+    _validate(trials, metric)
+    ranked = [(s, t) for t in trials if (s := _score(t, metric)) is not None]
+    if not ranked:
+        return None
+    return max(ranked, key=lambda st: (st[0], -st[1]["trial"]))[1]
+
+
+def _is_score(key: str) -> bool:
+    return not any(marker in key for marker in _NOT_SCORE_MARKERS)
+
+
+def _fmt(value, percent: bool = False) -> str:
+    if value is None or value == "":
+        return ""
+    if isinstance(value, float):
+        return f"{100 * value:.2f}" if percent else f"{value:g}"
+    return str(value)
+
+
+def _md_table(header: list[str], rows: list[list[str]]) -> list[str]:
+    def cell(text: str) -> str:  # a pipe or newline would break the table layout
+        return str(text).replace("|", "\\|").replace("\n", " ")
+
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return lines + ["| " + " | ".join(cell(c) for c in row) + " |" for row in rows]
+
+
+def _settings(trials: list[dict], metric: str) -> dict[tuple, list[float]]:
+    """(lr, batch, epochs) -> selection scores of its complete trials, in first-seen order."""
+    groups: dict[tuple, list[float]] = {}
+    for t in trials:
+        if (s := _score(t, metric)) is not None:
+            groups.setdefault(tuple(t[k] for k in SETTING_KEYS), []).append(s)
+    return groups
+
+
+def _columns(metric_keys: list[str]) -> list[str]:
+    return ["trial", *REQUIRED_KEYS[1:], *metric_keys, "train_runtime", "best", "error"]
+
+
+def _markdown(trials, metric, task, metric_keys, best, paper, plot_note) -> str:
+    lines = [f"# Grid search: {task}", "", f"Selection metric: `{metric}` (dev set, higher is better).", ""]
+    if not trials:
+        return "\n".join(lines + ["No trials ran.", ""])
+    lines += ["## Trials", ""]
+    rows = []
+    for t in trials:
+        star = t is best
+        row = [f"**{t['trial']} ★**" if star else str(t["trial"])]
+        metrics = t.get("metrics") or {}
+        row += [_fmt(t[k]) for k in REQUIRED_KEYS[1:]]
+        row += [_fmt(metrics.get(k), _is_score(k)) for k in metric_keys]
+        row.append(_fmt(t.get("train_runtime")))
+        rows.append(row + ["★" if star else "", t.get("error") or ""])
+    lines += _md_table(_columns(metric_keys), rows) + [""]
+
+    lines += ["## Mean ± std across seeds per setting", ""]
+    rows = [[f"{lr:g}", str(bs), f"{ep:g}", str(len(v)),
+             f"{100 * statistics.fmean(v):.2f} ± {100 * statistics.pstdev(v):.2f}"]
+            for (lr, bs, ep), v in _settings(trials, metric).items()]
+    lines += _md_table(["learning_rate", "batch size", "epochs", "seeds", f"{metric} mean ± std"], rows)
+    lines += ["", "std is the population std (ddof=0), so a single seed shows 0.00.", ""]
+
+    failed = [t for t in trials if t["state"] != "complete"]
+    if failed:
+        lines += ["## Failed trials", ""]
+        lines += [f"- trial {t['trial']} ({t['state']}): {' '.join(str(t.get('error') or 'no reason recorded').split())}"
+                  for t in failed]
+        lines.append("")
+    if best is None:
+        lines += ["No complete trial: nothing to select.", ""]
+    else:
+        top = 100 * _score(best, metric)
+        lines += [f"Best: trial {best['trial']}, {metric} = {top:.2f} (dev).", ""]
+        if paper:
+            quoted = ", ".join(f"{name} {value} ({top - value:+.2f})" for name, value in paper.items())
+            lines += [f"Best dev {top:.2f} vs the paper's BERT: {quoted}. Note: the paper's GLUE numbers are "
+                      "test-set scores, so they are not directly comparable with a dev score.", ""]
+    if plot_note:
+        lines += [plot_note, ""]
+    return "\n".join(lines)
+
+
+def _save_figure(fig, path: Path) -> Path:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    FigureCanvasAgg(fig)  # Agg explicitly: no display needed, no pyplot global state touched
+    return _replace_atomically(path, lambda f: fig.savefig(f, format="png", dpi=100))
+
+
+def _plots(trials: list[dict], metric: str, best: dict | None, out: Path) -> dict[str, Path]:
+    import numpy as np
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
+
+    written: dict[str, Path] = {}
+    groups = _settings(trials, metric)
+    for epochs in sorted({ep for _, _, ep in groups}):
+        lrs = sorted({lr for lr, _, ep in groups if ep == epochs})
+        sizes = sorted({bs for _, bs, ep in groups if ep == epochs})
+        grid = np.full((len(lrs), len(sizes)), np.nan)
+        for (lr, bs, ep), values in groups.items():
+            if ep == epochs:
+                grid[lrs.index(lr), sizes.index(bs)] = 100 * statistics.fmean(values)
+        fig = Figure(figsize=(2.5 + 1.2 * len(sizes), 1.5 + 0.8 * len(lrs)), layout="constrained")
+        ax = fig.add_subplot()
+        image = ax.imshow(grid, cmap="viridis", aspect="auto")
+        fig.colorbar(image, ax=ax, label=f"{metric} (%)")
+        ax.set(xticks=range(len(sizes)), xticklabels=[str(s) for s in sizes], xlabel="batch size",
+               yticks=range(len(lrs)), yticklabels=[f"{lr:g}" for lr in lrs], ylabel="learning rate",
+               title=f"{metric}, {epochs:g} epochs (mean over seeds)")
+        middle = np.nanmean([np.nanmin(grid), np.nanmax(grid)])
+        for (r, c), value in np.ndenumerate(grid):
+            if not np.isnan(value):  # dark text on the bright end of viridis, light on the dark end
+                ax.text(c, r, f"{value:.2f}", ha="center", va="center", color="k" if value > middle else "w")
+        name = f"heatmap_epochs{epochs:g}.png"
+        written[name] = _save_figure(fig, out / name)
+
+    points = [(h["epoch"], h[metric]) for h in (best or {}).get("history") or [] if "epoch" in h and metric in h]
+    if points:
+        fig = Figure(figsize=(5, 3.5), layout="constrained")
+        ax = fig.add_subplot()
+        ax.plot([e for e, _ in points], [100 * v for _, v in points], marker="o")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set(xlabel="epoch", ylabel=f"{metric} (%)", title=f"best trial {best['trial']}: dev {metric}")
+        written["best_trial_curve.png"] = _save_figure(fig, out / "best_trial_curve.png")
+    elif best is not None:
+        logger.warning("best trial %s has no per-epoch %s in its history: no curve plotted", best["trial"], metric)
+    return written
+
+
+def write_grid_report(trials: list[dict], metric: str, output_dir: str | Path, task: str,
+                      paper: dict | None = None) -> dict[str, Path]:
+    """Write grid_results.csv, grid_results.md and the PNG plots into `output_dir`.
+
+    Returns file name -> path for every file written. Plots are skipped, with a logged warning
+    and a note in the Markdown, when no trial completed or matplotlib is not installed.
+    """
+    _validate(trials, metric)
+    out = Path(output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    best = select_best(trials, metric)
+    metric_keys = sorted({k for t in trials for k in (t.get("metrics") or {})})
+    columns = _columns(metric_keys)
+
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(columns)
+    for t in trials:
+        values = {**(t.get("metrics") or {}), **t, "best": int(t is best), "error": t.get("error") or ""}
+        writer.writerow([values.get(c, "") for c in columns])
+    written = {"grid_results.csv": atomic_write_text(out / "grid_results.csv", buffer.getvalue())}
+
+    plot_note = ""
+    if best is None:
+        plot_note = "No plots: no trial completed."
+    else:
+        try:
+            written.update(_plots(trials, metric, best, out))
+        except ImportError:
+            plot_note = "No plots: matplotlib is not installed."
+    if plot_note:
+        logger.warning("%s (%s)", plot_note, out)
+    text = _markdown(trials, metric, task, metric_keys, best, paper, plot_note)
+    written["grid_results.md"] = atomic_write_text(out / "grid_results.md", text)
+    return written

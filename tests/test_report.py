@@ -1,0 +1,132 @@
+"""Tests of the grid report: selection, CSV, Markdown statistics, plots and atomic writes."""
+
+import csv
+import logging
+import os
+
+import pytest
+
+from bert_suite import report
+from bert_suite.report import atomic_write_text, select_best, write_grid_report
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+METRIC = "eval_accuracy"
+
+
+def trial(n, acc=None, lr=2e-5, bs=32, epochs=3, seed=1, state="complete", error=None, **metrics):
+    """A trial record as the grid runner writes it; `acc` None means no metrics at all."""
+    record = {"trial": n, "learning_rate": lr, "per_device_train_batch_size": bs, "num_train_epochs": epochs,
+              "seed": seed, "state": state, "error": error, "train_runtime": 10.0 + n}
+    if acc is not None:
+        record["metrics"] = {METRIC: acc, **metrics}
+        record["history"] = [{"epoch": float(e), METRIC: acc - 0.05 * (epochs - e)} for e in range(1, epochs + 1)]
+    return record
+
+
+@pytest.fixture
+def grid():
+    """lr 2e-5 has two seeds (0.6, 0.8) -> 70.00 ± 10.00; lr 3e-5 one seed; one failed trial; 2 epoch counts."""
+    return [
+        trial(1, 0.6, seed=1, eval_f1=0.5),
+        trial(2, 0.8, seed=2, eval_f1=0.9),
+        trial(3, 0.75, lr=3e-5, seed=1),
+        trial(4, 0.7, lr=3e-5, epochs=2, seed=1),
+        trial(5, lr=5e-5, seed=1, state="failed", error="CUDA out of memory"),
+    ]
+
+
+def read_csv(path):
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_select_best_takes_highest_and_breaks_ties_by_lower_trial_number():
+    trials = [trial(5, 0.8), trial(3, 0.7), trial(2, 0.8), trial(9, 0.79)]
+    assert select_best(trials, METRIC)["trial"] == 2
+
+
+def test_select_best_ignores_failed_and_nan_trials():
+    failed = trial(1, 0.99, state="failed", error="boom")  # metrics of a failed run must not win
+    assert select_best([failed, trial(2, float("nan")), trial(3, 0.5)], METRIC)["trial"] == 3
+    assert select_best([failed, trial(4, state="failed")], METRIC) is None
+    assert select_best([], METRIC) is None
+
+
+@pytest.mark.parametrize("key", ["seed", "learning_rate", "state"])
+def test_missing_key_names_trial_index_and_key(key, tmp_path):
+    trials = [trial(1, 0.5), trial(2, 0.6)]
+    del trials[1][key]
+    with pytest.raises(ValueError, match=rf"trials\[1\].*'{key}'"):
+        write_grid_report(trials, METRIC, tmp_path, "mrpc")
+
+
+def test_complete_trial_without_selection_metric_is_an_error():
+    with pytest.raises(ValueError, match=r"trials\[0\].*eval_f1"):
+        select_best([trial(1, 0.5)], "eval_f1")
+
+
+def test_csv_has_one_row_per_trial_sorted_metric_union_and_best_flag(grid, tmp_path):
+    written = write_grid_report(grid, METRIC, tmp_path, "mrpc")
+    rows = read_csv(written["grid_results.csv"])
+    assert list(rows[0]) == ["trial", "learning_rate", "per_device_train_batch_size", "num_train_epochs", "seed",
+                             "state", "eval_accuracy", "eval_f1", "train_runtime", "best", "error"]
+    assert [r["trial"] for r in rows] == ["1", "2", "3", "4", "5"]
+    assert [r["best"] for r in rows] == ["0", "1", "0", "0", "0"]
+    assert float(rows[1][METRIC]) == 0.8 and rows[2]["eval_f1"] == ""  # raw fractions; absent metric is blank
+    assert rows[4]["state"] == "failed" and rows[4]["error"] == "CUDA out of memory"
+
+
+def test_markdown_mean_std_per_setting_failures_and_paper(grid, tmp_path):
+    text = write_grid_report(grid, METRIC, tmp_path, "mrpc", paper={"base": 84.9})["grid_results.md"].read_text()
+    assert text.startswith("# Grid search: mrpc")
+    assert "| 2e-05 | 32 | 3 | 2 | 70.00 ± 10.00 |" in text  # seeds 0.6 and 0.8, population std
+    assert "| 3e-05 | 32 | 3 | 1 | 75.00 ± 0.00 |" in text  # one seed -> std 0
+    assert "5e-05" not in text.split("## Mean")[1].split("## Failed")[0]  # failed trial adds no setting
+    assert "- trial 5 (failed): CUDA out of memory" in text
+    assert "**2 ★**" in text and "| 80.00 | 90.00 |" in text  # best row marked, metrics as percentages
+    assert "84.9 (-4.90)" in text and "test-set" in text
+
+
+def test_heatmaps_per_epoch_count_and_best_curve_are_real_pngs(grid, tmp_path):
+    written = write_grid_report(grid, METRIC, tmp_path, "mrpc")
+    pngs = {"heatmap_epochs2.png", "heatmap_epochs3.png", "best_trial_curve.png"}
+    assert pngs <= set(written)
+    for name in pngs:
+        data = (tmp_path / name).read_bytes()
+        assert data.startswith(PNG_SIGNATURE) and len(data) > 5000, name
+
+
+def test_no_complete_trial_skips_plots_with_a_warning(tmp_path, caplog):
+    trials = [trial(1, state="failed", error="diverged"), trial(2, state="failed", error=None)]
+    with caplog.at_level(logging.WARNING, logger="bert_suite.report"):
+        written = write_grid_report(trials, METRIC, tmp_path, "rte")
+    assert set(written) == {"grid_results.csv", "grid_results.md"}
+    assert not list(tmp_path.glob("*.png"))
+    assert "No plots" in caplog.text
+    text = written["grid_results.md"].read_text()
+    assert "No plots" in text and "trial 1 (failed): diverged" in text and "no reason recorded" in text
+
+
+def test_empty_trial_list_writes_a_report_saying_so(tmp_path):
+    written = write_grid_report([], METRIC, tmp_path, "cola")
+    assert "No trials ran." in written["grid_results.md"].read_text()
+    assert read_csv(written["grid_results.csv"]) == []
+
+
+def test_report_leaves_no_temp_files(grid, tmp_path):
+    written = write_grid_report(grid, METRIC, tmp_path, "mrpc")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(written)
+
+
+def test_atomic_write_keeps_old_content_and_no_temp_file_when_replace_fails(tmp_path, monkeypatch):
+    target = tmp_path / "out.md"
+    atomic_write_text(target, "old")
+
+    def broken_replace(src, dst):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(report.os, "replace", broken_replace)
+    with pytest.raises(OSError, match="disk full"):
+        atomic_write_text(target, "new")
+    assert target.read_text() == "old"
+    assert os.listdir(tmp_path) == ["out.md"]
