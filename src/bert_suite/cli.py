@@ -7,15 +7,108 @@ set BERT_SUITE_DEBUG=1 to see the traceback.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
+from pathlib import Path
 
 
-def _export(args: argparse.Namespace) -> None:
+def _export(args: argparse.Namespace, rest: list[str]) -> None:
     from .export import export_to_bert
 
     dst = export_to_bert(args.src, args.dst)
     print(f"exported {args.src} -> {dst} (stock transformers BERT)")
+
+
+def _training_overrides(rest: list[str]) -> dict:
+    """TrainingArguments flags given on the command line (only those, so card defaults apply to
+    the rest), parsed and type-checked by HfArgumentParser."""
+    if not rest:
+        return {}
+    from transformers import HfArgumentParser, TrainingArguments
+
+    given = {a[2:].split("=", 1)[0] for a in rest if a.startswith("--")}
+    try:
+        (parsed,) = HfArgumentParser(TrainingArguments).parse_args_into_dataclasses(
+            rest + ["--output_dir", "unused"], look_for_args_file=False)
+    except SystemExit:
+        raise ValueError(f"bad TrainingArguments flags: {' '.join(rest)}") from None
+    return {k: getattr(parsed, k) for k in given if hasattr(parsed, k)}
+
+
+def _finetune(args: argparse.Namespace, rest: list[str]) -> None:
+    from .cards import load_card
+    from .runner import prepare, train_and_evaluate, training_arguments, write_manifest
+
+    card = load_card(args.task)
+    output_dir = args.output_dir or f"runs/{card.name}"
+    overrides = _training_overrides(rest)
+    training = training_arguments(card, output_dir, overrides)
+    prepared = prepare(card, args.model, args.data_dir, args.tokenizer, args.max_seq_length,
+                       skip_bad_rows=args.skip_bad_rows)
+    result = train_and_evaluate(prepared, args.model, training)
+    write_manifest(Path(output_dir) / "run_manifest.json", prepared, args.model, args.data_dir, training)
+    if args.push_to_hub:
+        _push(card, output_dir, args, result["metrics"], training)
+    print(json.dumps({k: v for k, v in result["metrics"].items() if k.startswith("eval_")}, indent=2))
+
+
+def _grid(args: argparse.Namespace, rest: list[str]) -> None:
+    from .cards import load_card
+    from .grid import run_grid, search_space
+
+    card = load_card(args.task)
+    output_dir = args.output_dir or f"runs/{card.name}-grid"
+    space = search_space(card, args.grid, learning_rate=args.learning_rates,
+                         per_device_train_batch_size=args.batch_sizes, num_train_epochs=args.epochs, seed=args.seeds)
+    result = run_grid(card, args.model, output_dir, args.data_dir, args.tokenizer, args.max_seq_length, space,
+                      args.storage, args.keep_all, _training_overrides(rest))
+    print(Path(result["files"]["grid_results.md"]).read_text() if "grid_results.md" in result["files"] else result)
+    if args.push_to_hub and result["best"] is not None:
+        _push(card, str(Path(output_dir) / "best"), args, result["best"]["metrics"], None, result)
+
+
+def _push(card, folder, args, metrics, training, grid_result=None) -> None:
+    from .hub import model_card, push_to_hub
+
+    if not args.hub_model_id:
+        raise ValueError("--push_to_hub needs --hub_model_id (e.g. user/bert-base-rte)")
+    best = (grid_result or {}).get("best") or {}
+    hparams = {k: best.get(k, getattr(training, k, None)) for k in
+               ("learning_rate", "per_device_train_batch_size", "num_train_epochs", "seed")}
+    info = {"model_id": args.hub_model_id, "base_model": args.model, "task": card.name,
+            "dataset": dict(card.hub or {}), "dev_metrics": metrics, "hyperparameters": hparams,
+            "seeds": sorted({r["seed"] for r in (grid_result or {}).get("records", [])}) or [hparams["seed"]]}
+    if grid_result and "grid_results.md" in grid_result["files"]:
+        info["grid"] = Path(grid_result["files"]["grid_results.md"]).read_text()
+    (Path(folder) / "README.md").write_text(model_card(info))
+    print(f"pushed to {push_to_hub(folder, args.hub_model_id)}")
+
+
+def _predict(args: argparse.Namespace, rest: list[str]) -> None:
+    from .cards import load_card
+    from .runner import predict
+
+    card = load_card(args.task)
+    splits = card.test_splits if args.split == "test" else card.eval_splits if args.split == "dev" else [args.split]
+    for split in splits:
+        if split not in card.splits:
+            raise ValueError(f"task {card.name} has no split {split!r} (splits: {', '.join(card.splits)})")
+        path = predict(card, args.model, split, args.data_dir, args.output_dir or args.model, args.tokenizer)
+        print(f"wrote {path}")
+
+
+def _add_run_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("task", help="task card name (rte, glue/mnli, ...) or path to a card YAML")
+    p.add_argument("--model", required=True,
+                   help="Hub id or local checkpoint (stock BERT or bert_suite), or preset:NAME for random weights")
+    p.add_argument("--data_dir", help="folder with the task's original files (default: the Hub)")
+    p.add_argument("--output_dir", help="output folder (default: runs/TASK)")
+    p.add_argument("--tokenizer", help="tokenizer folder or vocab.txt (default: the model's)")
+    p.add_argument("--max_seq_length", type=int, help="default: the card's (128 for GLUE)")
+    p.add_argument("--skip_bad_rows", action="store_true", help="skip malformed rows (counted and reported)")
+    p.add_argument("--push_to_hub", action="store_true", help="push the final/best checkpoint with a model card")
+    p.add_argument("--hub_model_id", help="Hub repository for --push_to_hub")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -27,13 +120,42 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("src", help="bert_suite checkpoint folder")
     export.add_argument("dst", help="output folder")
     export.set_defaults(func=_export)
+
+    finetune = sub.add_parser("finetune", help="one fine-tuning run; extra flags are TrainingArguments "
+                              "(e.g. --learning_rate 3e-5 --num_train_epochs 2)")
+    _add_run_flags(finetune)
+    finetune.set_defaults(func=_finetune, takes_training_flags=True)
+
+    grid = sub.add_parser("grid", help="the exhaustive learning-rate x batch-size x epochs grid with restarts")
+    _add_run_flags(grid)
+    grid.add_argument("--grid", choices=["paper", "paper-glue"], help="a preset grid (default: the card's)")
+    grid.add_argument("--learning_rates", type=float, nargs="+")
+    grid.add_argument("--batch_sizes", type=int, nargs="+")
+    grid.add_argument("--epochs", type=float, nargs="+")
+    grid.add_argument("--seeds", type=int, nargs="+", help="random restarts (default: 42)")
+    grid.add_argument("--storage", help="Optuna storage URL (default: sqlite file in the output folder)")
+    grid.add_argument("--keep_all", action="store_true", help="keep every trial's checkpoint, not only the best")
+    grid.set_defaults(func=_grid, takes_training_flags=True)
+
+    pred = sub.add_parser("predict", help="predict a split with a fine-tuned checkpoint")
+    pred.add_argument("task")
+    pred.add_argument("--model", required=True, help="fine-tuned checkpoint folder")
+    pred.add_argument("--split", default="test", help="test (all test splits), dev, or a split name")
+    pred.add_argument("--data_dir")
+    pred.add_argument("--tokenizer")
+    pred.add_argument("--output_dir", help="default: the model folder")
+    pred.set_defaults(func=_predict)
+
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, rest = parser.parse_known_args(argv)
+    if rest and not getattr(args, "takes_training_flags", False):
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
     try:
-        args.func(args)
+        args.func(args, rest)
     except (ValueError, OSError, KeyError) as err:
         if os.environ.get("BERT_SUITE_DEBUG"):
             raise

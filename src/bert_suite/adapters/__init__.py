@@ -1,0 +1,1 @@
+"""Task adapters: one module per task family (load, preprocess, postprocess, metrics)."""

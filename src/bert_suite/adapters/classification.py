@@ -1,0 +1,148 @@
+"""Sentence and sentence-pair classification/regression (GLUE and any task a card describes).
+
+load -> `datasets.Dataset` per split with the card's text columns, `label` (class id, float for
+regression, absent for unlabelled test data) and `idx`; preprocess -> token ids (no padding:
+the collator pads per batch); postprocess -> label strings as in the card's label list.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import datasets
+import numpy as np
+
+from ..cards import TaskCard
+from ..metrics import glue_metrics
+
+
+class DataError(ValueError):
+    """Input data that cannot be used; the message names the file, the row and the expectation."""
+
+
+def read_tsv_split(card: TaskCard, split: str, path: Path, skip_bad_rows: bool = False) -> tuple[datasets.Dataset, int]:
+    """Read one split from a tab-separated file laid out as the card says. Quote characters are
+    text, never quoting (QQP/MNLI contain them). Returns the dataset and the number of rows
+    skipped (only with `skip_bad_rows`; otherwise a bad row is an error naming file and line)."""
+    spec = card.splits[split]
+    if not path.is_file():
+        raise DataError(f"{path}: file not found (split {split!r} of task {card.name!r})")
+    try:
+        lines = path.read_text(encoding="utf-8-sig").splitlines()
+    except UnicodeDecodeError as err:
+        line_no = path.read_bytes()[: err.start].count(b"\n") + 1
+        raise DataError(f"{path}:{line_no}: not valid UTF-8 ({err.reason} at byte {err.start})") from None
+    if not lines:
+        raise DataError(f"{path}: empty file; expected {'a header and ' if spec.header else ''}rows")
+    first_row = 1
+    if spec.header:
+        header = lines[0].split("\t")
+        first_row = 2
+        missing = [col for col in spec.columns.values() if col not in header]
+        if missing:
+            raise DataError(f"{path}:1: header has no column {missing[0]!r} (columns: {', '.join(header)})")
+        positions = {name: header.index(col) for name, col in spec.columns.items()}
+        width = len(header)
+    else:
+        positions = dict(spec.columns)
+        width = None
+    needed = max(positions.values()) + 1
+    wanted_label = card.label_column in positions
+    columns: dict[str, list] = {name: [] for name in [*card.text_columns, "idx"]}
+    if wanted_label:
+        columns["label"] = []
+    skipped = 0
+    label_ids = {label: i for i, label in enumerate(card.labels or [])}
+    row_number = -1  # position among data rows: the index when the file has no index column
+    for line_no, line in enumerate(lines[first_row - 1:], start=first_row):
+        if not line.strip():
+            continue
+        row_number += 1
+        fields = line.split("\t")
+        try:
+            if (width is not None and len(fields) != width) or len(fields) < needed:
+                raise DataError(f"{path}:{line_no}: expected {width or needed} tab-separated fields, found {len(fields)}")
+            row = {name: fields[pos] for name, pos in positions.items()}
+            for name in card.text_columns:
+                if not row[name].strip():
+                    raise DataError(f"{path}:{line_no}: empty text in column {spec.columns[name]!r}")
+            if wanted_label:
+                raw = row[card.label_column].strip()
+                if card.is_regression:
+                    try:
+                        label = float(raw)
+                    except ValueError:
+                        raise DataError(f"{path}:{line_no}: label {raw!r} is not a number") from None
+                elif raw in label_ids:
+                    label = label_ids[raw]
+                else:
+                    raise DataError(f"{path}:{line_no}: label {raw!r} is not one of the card's labels {card.labels}")
+        except DataError:
+            if not skip_bad_rows:
+                raise
+            skipped += 1
+            continue
+        for name in card.text_columns:
+            columns[name].append(row[name])
+        columns["idx"].append(int(row["idx"]) if "idx" in row and row["idx"].strip().isdigit() else row_number)
+        if wanted_label:
+            columns["label"].append(label)
+    if not columns["idx"]:
+        raise DataError(f"{path}: no data rows (header only?)")
+    return datasets.Dataset.from_dict(columns), skipped
+
+
+def load_split(card: TaskCard, split: str, data_dir: str | Path | None = None,
+               skip_bad_rows: bool = False) -> datasets.Dataset:
+    """One split, from `data_dir` (the task's original files) when given, else from the Hub."""
+    spec = card.splits[split]
+    if data_dir is not None:
+        if spec.file is None:
+            raise DataError(f"{card.path}: split {split!r} has no local file; remove --data_dir to use the Hub")
+        dataset, skipped = read_tsv_split(card, split, Path(data_dir) / spec.file, skip_bad_rows)
+        if skipped:
+            print(f"[bert_suite] {Path(data_dir) / spec.file}: skipped {skipped} malformed rows (--skip_bad_rows)")
+        return dataset
+    if not card.hub or spec.hub is None:
+        raise DataError(f"{card.path}: no Hub source for split {split!r}; pass --data_dir with the task's files")
+    try:
+        dataset = datasets.load_dataset(card.hub["path"], card.hub.get("name"), split=spec.hub)
+    except Exception as err:  # any network/cache failure: say what to do instead
+        raise DataError(f"could not load {card.hub['path']} ({card.hub.get('name')}) split {spec.hub!r} from the "
+                        f"Hub or its cache ({type(err).__name__}: {str(err)[:200]}); pass --data_dir with the "
+                        "task's local files instead") from None
+    missing = [c for c in card.text_columns if c not in dataset.column_names]
+    if missing:
+        raise DataError(f"{card.hub['path']}/{card.hub.get('name')} split {spec.hub}: no column {missing[0]!r}")
+    if "label" in dataset.column_names and not card.is_regression and min(dataset["label"]) < 0:
+        dataset = dataset.remove_columns("label")  # the Hub marks unlabelled test rows with -1
+    return dataset
+
+
+def preprocess(dataset: datasets.Dataset, card: TaskCard, tokenizer, max_seq_length: int) -> datasets.Dataset:
+    """Tokenise once (single sentences or pairs), truncating to max_seq_length; no padding."""
+
+    def encode(batch):
+        texts = [batch[c] for c in card.text_columns]
+        return tokenizer(*texts, truncation=True, max_length=max_seq_length)
+
+    keep = {"label", "idx"}
+    return dataset.map(encode, batched=True, remove_columns=[c for c in dataset.column_names if c not in keep],
+                       desc=f"tokenising {card.name}")
+
+
+def postprocess(card: TaskCard, logits: np.ndarray) -> np.ndarray:
+    """Logits -> class ids (argmax), or scores for regression."""
+    logits = np.asarray(logits)
+    return logits.reshape(-1) if card.is_regression else logits.argmax(-1)
+
+
+def label_strings(card: TaskCard, predictions: np.ndarray) -> list[str]:
+    """Predictions as written in prediction files: the card's label strings, or the float score."""
+    if card.is_regression:
+        return [f"{float(p):.3f}" for p in predictions]
+    return [card.labels[int(p)] for p in predictions]
+
+
+def compute_metrics(card: TaskCard, predictions: np.ndarray, references: np.ndarray) -> dict[str, float]:
+    return glue_metrics(card.metric, predictions, references)

@@ -1,0 +1,157 @@
+"""Task cards: one YAML file per task, the only place a task's facts live (data sources and file
+layouts, columns, labels, metric, default hyper-parameters, grid, the paper's numbers).
+
+A card is found by name (`rte`, `glue/rte`) under the `tasks/` folder, or given as a path, so a
+user adds a classification or regression task on their own files by writing a card.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class CardError(ValueError):
+    """A card that cannot be used; the message names the file and the key."""
+
+
+@dataclass
+class SplitSpec:
+    """Where one split comes from: the Hub split name and the local file, with the mapping from
+    the card's column names to the file's columns (header names, or 0-based positions when the
+    file has no header)."""
+
+    hub: str | None = None
+    file: str | None = None
+    header: bool = True
+    columns: dict[str, str | int] = field(default_factory=dict)
+    server_file: str | None = None  # GLUE test server file name (test splits)
+
+
+@dataclass
+class TaskCard:
+    name: str
+    family: str
+    text_columns: list[str]
+    label_column: str
+    metric: str  # the metrics function's task name (e.g. a GLUE config name)
+    select: str  # the metric field used to pick the best trial, e.g. "accuracy"
+    splits: dict[str, SplitSpec]
+    labels: list[str] | None = None  # None = regression (one output)
+    train_split: str | None = "train"  # None: predict-only task (AX)
+    eval_splits: list[str] = field(default_factory=lambda: ["validation"])
+    test_splits: list[str] = field(default_factory=lambda: ["test"])
+    hub: dict[str, str] | None = None  # {"path": ..., "name": ...} for datasets.load_dataset
+    index_column: str = "idx"
+    server_name: str | None = None  # the task's name in the GLUE server package (e.g. "RTE")
+    predict_with: str | None = None  # e.g. AX is predicted with the MNLI model
+    majority_baseline: bool = False  # WNLI: the paper predicts the majority class
+    defaults: dict[str, Any] = field(default_factory=dict)
+    grid: dict[str, list] = field(default_factory=dict)
+    paper: dict[str, float] = field(default_factory=dict)
+    description: str = ""
+    path: str = ""
+
+    @property
+    def is_regression(self) -> bool:
+        return self.labels is None
+
+    @property
+    def num_labels(self) -> int:
+        return 1 if self.labels is None else len(self.labels)
+
+
+FAMILIES = ("classification",)
+_SPLIT_KEYS = {f.name for f in dataclasses.fields(SplitSpec)}
+_CARD_KEYS = {f.name for f in dataclasses.fields(TaskCard)} - {"path"}
+_REQUIRED = ("name", "family", "text_columns", "label_column", "metric", "select", "splits")
+
+
+def tasks_dir() -> Path:
+    """The `tasks/` folder: beside the source tree in a checkout, or shipped inside the package."""
+    here = Path(__file__).resolve().parent
+    for candidate in (here.parent.parent / "tasks", here / "tasks"):
+        if candidate.is_dir():
+            return candidate
+    raise CardError(f"no tasks/ folder found near {here}")
+
+
+def available_cards() -> dict[str, Path]:
+    """Card name -> path, for every card under tasks/ (glue/rte.yaml is 'rte' and 'glue/rte')."""
+    found = {}
+    root = tasks_dir()
+    for path in sorted(root.rglob("*.yaml")):
+        found[path.relative_to(root).with_suffix("").as_posix()] = path
+        found.setdefault(path.stem, path)
+    return found
+
+
+def load_card(name_or_path: str | Path) -> TaskCard:
+    """Load and validate a card by name (`rte`, `glue/rte`) or path to a YAML file."""
+    path = Path(name_or_path)
+    if not (path.suffix in (".yaml", ".yml") and path.is_file()):
+        cards = available_cards()
+        key = str(name_or_path).lower()
+        if key not in cards:
+            names = sorted(k for k in cards if "/" not in k)
+            raise CardError(f"unknown task {str(name_or_path)!r}: not a card file, and no card of that name "
+                            f"(known: {', '.join(names)})")
+        path = cards[key]
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as err:
+        raise CardError(f"{path}: not valid YAML: {err}") from None
+    return card_from_dict(data, str(path))
+
+
+def _expect(path: str, key: str, value, kind, what: str):
+    if not isinstance(value, kind):
+        raise CardError(f"{path}: {key} must be {what}, got {type(value).__name__} {value!r}")
+    return value
+
+
+def card_from_dict(data: Any, path: str = "<card>") -> TaskCard:
+    """Validate a parsed card: unknown keys, missing keys and wrong types are errors naming the key."""
+    _expect(path, "the card", data, dict, "a mapping")
+    unknown = sorted(set(data) - _CARD_KEYS)
+    if unknown:
+        raise CardError(f"{path}: unknown key {unknown[0]!r}; known keys: {', '.join(sorted(_CARD_KEYS))}")
+    missing = [k for k in _REQUIRED if k not in data]
+    if missing:
+        raise CardError(f"{path}: missing required key {missing[0]!r}")
+    if data["family"] not in FAMILIES:
+        raise CardError(f"{path}: family {data['family']!r} is not one of {', '.join(FAMILIES)}")
+    _expect(path, "text_columns", data["text_columns"], list, "a list of one or two column names")
+    if not 1 <= len(data["text_columns"]) <= 2:
+        raise CardError(f"{path}: text_columns must name one or two columns, got {data['text_columns']}")
+    for key in ("name", "label_column", "metric", "select"):
+        _expect(path, key, data[key], str, "a string")
+    if data.get("labels") is not None:
+        labels = _expect(path, "labels", data["labels"], list, "a list of label strings (or null for regression)")
+        data["labels"] = [str(x) for x in labels]
+        if len(set(data["labels"])) != len(labels) or len(labels) < 2:
+            raise CardError(f"{path}: labels must be two or more distinct values, got {labels}")
+    for key in ("defaults", "grid", "paper"):
+        _expect(path, key, data.get(key, {}), dict, "a mapping")
+    for axis, values in data.get("grid", {}).items():
+        if not isinstance(values, list) or not values:
+            raise CardError(f"{path}: grid.{axis} must be a non-empty list, got {values!r}")
+    splits = {}
+    for split, spec in _expect(path, "splits", data["splits"], dict, "a mapping of split names").items():
+        _expect(path, f"splits.{split}", spec, dict, "a mapping")
+        bad = sorted(set(spec) - _SPLIT_KEYS)
+        if bad:
+            raise CardError(f"{path}: splits.{split}: unknown key {bad[0]!r}; known keys: {', '.join(sorted(_SPLIT_KEYS))}")
+        splits[split] = SplitSpec(**spec)
+        if not splits[split].header and any(not isinstance(v, int) for v in splits[split].columns.values()):
+            raise CardError(f"{path}: splits.{split}: a file without header needs integer column positions")
+    data["splits"] = splits
+    card = TaskCard(**data, path=path)
+    for split in [card.train_split, *card.eval_splits, *card.test_splits]:
+        if split is not None and split not in splits:
+            raise CardError(f"{path}: split {split!r} is used but not described under splits")
+    return card

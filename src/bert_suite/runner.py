@@ -1,0 +1,229 @@
+"""One fine-tuning run: task card + model + hyper-parameters -> Trainer -> dev metrics, prediction
+files, a manifest. `finetune`, `grid` and `predict` all go through here."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import datasets
+import numpy as np
+import torch
+import transformers
+from transformers import AutoTokenizer, DataCollatorWithPadding, Trainer, TrainingArguments
+
+from . import __version__
+from .adapters import classification as adapter
+from .cards import TaskCard
+from .configuration_bert_suite import BertSuiteConfig
+from .modeling_bert_suite import BertSuiteForSequenceClassification
+from .report import atomic_write_text
+
+SPLIT_FILE_NAMES = {"validation": "dev", "test": "test"}
+
+
+class RunError(ValueError):
+    """A run that cannot start (bad model, tokenizer or flags); the message says what to change."""
+
+
+def split_file_stem(split: str) -> str:
+    """validation -> dev, validation_matched -> dev_matched, test_mismatched -> test_mismatched."""
+    head, _, tail = split.partition("_")
+    return SPLIT_FILE_NAMES.get(head, head) + (f"_{tail}" if tail else "")
+
+
+@dataclass
+class Prepared:
+    """Everything a trial needs that does not depend on its hyper-parameters: tokenised once."""
+
+    card: TaskCard
+    tokenizer: object
+    raw: dict[str, datasets.Dataset]
+    encoded: dict[str, datasets.Dataset]
+    max_seq_length: int
+    fingerprints: dict[str, str] = field(default_factory=dict)
+
+
+def load_tokenizer(model: str, tokenizer: str | None = None):
+    source = tokenizer or model
+    if source.startswith("preset:"):
+        raise RunError(f"--model {model} starts from random weights and needs --tokenizer (a folder or vocab.txt)")
+    path = Path(source)
+    if path.is_dir() and (path / "vocab.txt").is_file() and not (path / "tokenizer_config.json").is_file():
+        path = path / "vocab.txt"  # a released BERT folder: vocab.txt (+ bert_config.json) only
+    try:
+        if path.suffix == ".txt" and path.is_file():
+            return wordpiece_tokenizer(path)
+        return AutoTokenizer.from_pretrained(source)
+    except (OSError, ValueError) as err:
+        raise RunError(f"cannot load a tokenizer from {source!r} ({str(err).splitlines()[0][:200]}); pass a local "
+                       "checkpoint folder or vocab.txt with --tokenizer") from None
+
+
+def wordpiece_tokenizer(vocab_file: Path):
+    """A BERT tokenizer over a bare vocab.txt; lower-cases when the vocabulary has no capitals
+    (as the released uncased vocabularies)."""
+    tokens = vocab_file.read_text(encoding="utf-8").splitlines()
+    cased = sum(t[:1].isascii() and t[:1].isupper() for t in tokens) > 10
+    return transformers.BertTokenizer(vocab=str(vocab_file), do_lower_case=not cased)
+
+
+def prepare(card: TaskCard, model: str, data_dir: str | None = None, tokenizer: str | None = None,
+            max_seq_length: int | None = None, splits: list[str] | None = None,
+            skip_bad_rows: bool = False) -> Prepared:
+    """Load the card's splits (default: train + dev) and tokenise them once."""
+    tok = load_tokenizer(model, tokenizer)
+    max_len = int(max_seq_length or card.defaults.get("max_seq_length", 128))
+    if max_len < 8:
+        raise RunError(f"max_seq_length must be at least 8, got {max_len}")
+    if splits is None:
+        splits = [s for s in [card.train_split, *card.eval_splits] if s]
+    raw = {s: adapter.load_split(card, s, data_dir, skip_bad_rows) for s in splits}
+    encoded = {s: adapter.preprocess(d, card, tok, max_len) for s, d in raw.items()}
+    return Prepared(card, tok, raw, encoded, max_len, {s: d._fingerprint for s, d in raw.items()})
+
+
+def load_model(card: TaskCard, model: str, max_seq_length: int, vocab_size: int | None = None):
+    """A bert_suite or stock BERT checkpoint (folder or Hub id), or `preset:NAME` for random
+    weights of a paper size (vocabulary sized to the tokenizer), with the card's label head."""
+    labels = dict(num_labels=card.num_labels)
+    if card.labels:
+        labels.update(id2label=dict(enumerate(card.labels)), label2id={v: i for i, v in enumerate(card.labels)})
+    if model.startswith("preset:"):
+        sizes = {"vocab_size": vocab_size} if vocab_size else {}
+        return BertSuiteForSequenceClassification(BertSuiteConfig.from_preset(model.split(":", 1)[1], **sizes, **labels))
+    try:
+        loaded = BertSuiteForSequenceClassification.from_pretrained(model, **labels)
+    except OSError as err:
+        raise RunError(f"cannot load model {model!r} ({str(err).splitlines()[0][:200]}); offline, pass a local "
+                       "checkpoint folder with --model (or preset:NAME with --tokenizer)") from None
+    if loaded.config.max_position_embeddings < max_seq_length:
+        raise RunError(f"max_seq_length {max_seq_length} exceeds the model's max_position_embeddings "
+                       f"({loaded.config.max_position_embeddings})")
+    return loaded
+
+
+def _metric_fn(card: TaskCard):
+    def compute(eval_pred):
+        predictions = adapter.postprocess(card, eval_pred.predictions)
+        return adapter.compute_metrics(card, predictions, np.asarray(eval_pred.label_ids))
+
+    return compute
+
+
+def selection_key(card: TaskCard) -> str:
+    """The key of the card's selection metric in Trainer's metrics."""
+    if len(card.eval_splits) == 1:
+        return f"eval_{card.select}"
+    return f"eval_{card.eval_splits[0]}_{card.select}"
+
+
+def train_and_evaluate(prepared: Prepared, model_name: str, args: TrainingArguments,
+                       save_to: Path | None = None) -> dict:
+    """Fine-tune with per-epoch dev evaluation; write `all_results.json` and dev predictions into
+    args.output_dir and the model into `save_to` (default: args.output_dir). Returns metrics,
+    per-epoch history and runtime."""
+    card = prepared.card
+    transformers.set_seed(args.seed)  # the seed also sets the head's initialisation (a random restart)
+    model = load_model(card, model_name, prepared.max_seq_length, len(prepared.tokenizer))
+    evals = {s: prepared.encoded[s] for s in card.eval_splits}
+    trainer = Trainer(
+        model=model,
+        args=args,
+        train_dataset=prepared.encoded[card.train_split],
+        eval_dataset=next(iter(evals.values())) if len(evals) == 1 else evals,
+        data_collator=DataCollatorWithPadding(prepared.tokenizer),
+        processing_class=prepared.tokenizer,
+        compute_metrics=_metric_fn(card),
+    )
+    start = time.time()
+    train_output = trainer.train()
+    out = Path(args.output_dir)
+    metrics = {"train_loss": train_output.training_loss, "train_runtime": time.time() - start,
+               "train_samples": len(prepared.encoded[card.train_split])}
+    for split, dataset in evals.items():
+        prefix = "eval" if len(evals) == 1 else f"eval_{split}"
+        result = trainer.predict(dataset, metric_key_prefix=prefix)
+        metrics.update(result.metrics)
+        metrics[f"{prefix}_samples"] = len(dataset)
+        write_predictions(out / "predictions" / f"{split_file_stem(split)}.tsv", card,
+                          dataset["idx"], adapter.postprocess(card, result.predictions))
+    history = [entry for entry in trainer.state.log_history if any(k.startswith("eval_") for k in entry)]
+    trainer.save_model(str(save_to or out))
+    atomic_write_text(out / "all_results.json", json.dumps(metrics, indent=2, sort_keys=True))
+    return {"metrics": metrics, "history": history, "train_runtime": metrics["train_runtime"]}
+
+
+def write_predictions(path: Path, card: TaskCard, indices, predictions) -> None:
+    """`index<TAB>prediction` with the card's label strings (the GLUE server format)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rows = [f"{i}\t{p}" for i, p in zip(indices, adapter.label_strings(card, predictions), strict=True)]
+    atomic_write_text(path, "index\tprediction\n" + "\n".join(rows) + "\n")
+
+
+def predict(card: TaskCard, model: str, split: str, data_dir: str | None, output_dir: str,
+            tokenizer: str | None = None, batch_size: int = 64) -> Path:
+    """Predict one split with a fine-tuned checkpoint; writes predictions/<split>.tsv."""
+    prepared = prepare(card, model, data_dir, tokenizer or model, splits=[split])
+    net = load_model(card, model, prepared.max_seq_length)
+    args = TrainingArguments(output_dir=output_dir, per_device_eval_batch_size=batch_size, report_to="none")
+    trainer = Trainer(model=net, args=args, data_collator=DataCollatorWithPadding(prepared.tokenizer))
+    data = prepared.encoded[split]
+    result = trainer.predict(data.remove_columns([c for c in ("label",) if c in data.column_names]))
+    path = Path(output_dir) / "predictions" / f"{split_file_stem(split)}.tsv"
+    write_predictions(path, card, data["idx"], adapter.postprocess(card, result.predictions))
+    return path
+
+
+def git_revision() -> str | None:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
+                              cwd=Path(__file__).parent).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def write_manifest(path: Path, prepared: Prepared, model: str, data_dir: str | None, args: TrainingArguments,
+                   extra: dict | None = None) -> None:
+    """run_manifest.json: what ran, on what, with which versions, so a result can be reproduced."""
+    keep = ("learning_rate", "per_device_train_batch_size", "num_train_epochs", "seed", "warmup_steps",
+            "weight_decay", "gradient_accumulation_steps", "max_grad_norm", "lr_scheduler_type", "bf16", "fp16")
+    manifest = {
+        "task": prepared.card.name,
+        "card": prepared.card.path,
+        "model": model,
+        "data_dir": data_dir,
+        "max_seq_length": prepared.max_seq_length,
+        "training_arguments": {k: getattr(args, k) for k in keep},
+        "dataset_fingerprints": prepared.fingerprints,
+        "dataset_sizes": {s: len(d) for s, d in prepared.raw.items()},
+        "versions": {"bert_suite": __version__, "transformers": transformers.__version__,
+                     "torch": torch.__version__, "datasets": datasets.__version__,
+                     "python": platform.python_version()},
+        "git_revision": git_revision(),
+        "seed": args.seed,
+        **(extra or {}),
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, json.dumps(manifest, indent=2, sort_keys=True, default=str))
+
+
+def training_arguments(card: TaskCard, output_dir: str, overrides: dict | None = None) -> TrainingArguments:
+    """TrainingArguments from the card's defaults, then `overrides` (explicit flags win)."""
+    values = {k: v for k, v in card.defaults.items() if k != "max_seq_length"}
+    values.update(overrides or {})
+    values.setdefault("eval_strategy", "epoch")
+    values.setdefault("save_strategy", "no")
+    values.setdefault("logging_strategy", "epoch")
+    values.setdefault("report_to", "none")
+    values.setdefault("per_device_eval_batch_size", 64)
+    for key in ("learning_rate", "num_train_epochs", "per_device_train_batch_size"):
+        if key in values and float(values[key]) <= 0:
+            raise RunError(f"{key} must be positive, got {values[key]}")
+    os.makedirs(output_dir, exist_ok=True)
+    return TrainingArguments(output_dir=output_dir, **values)
