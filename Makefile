@@ -33,3 +33,16 @@ lint: install
 
 clean:
 	rm -rf $(VENV) .pytest_cache build dist src/*.egg-info
+
+# ---- GLUE: the paper's exhaustive grid on one task (see README "GLUE") --------------------------
+TASK      ?= rte
+MODEL     ?= google-bert/bert-base-uncased
+DATA_DIR  ?=
+TOKENIZER ?=
+OUT       ?= runs/$(TASK)-grid
+GRID_ARGS ?=
+
+.PHONY: glue
+glue: install
+	$(BIN)/bert-suite grid $(TASK) --model $(MODEL) --output_dir $(OUT) \
+		$(if $(DATA_DIR),--data_dir $(DATA_DIR)) $(if $(TOKENIZER),--tokenizer $(TOKENIZER)) $(GRID_ARGS)
