@@ -138,9 +138,8 @@ def run_grid(card: TaskCard, model: str, output_dir: str, data_dir: str | None =
             trial.set_user_attr(key, json.loads(json.dumps(result[key], default=float)))
         study.tell(trial, value)
         _keep_if_best(study, trial.number, trial_dir, out, keep_all)
-        if prepared is not None:
-            write_manifest(out / "run_manifest.json", prepared, model, data_dir, args,
-                           {"grid": space, "study_storage": storage.split("///")[0] + "///...", "selection": metric})
+        write_manifest(out / "run_manifest.json", prepared, model, data_dir, args,
+                       {"grid": space, "study_storage": storage.split("///")[0] + "///...", "selection": metric})
     bar.close()
     records = trial_records(study)
     files = write_grid_report(records, metric, out, task=card.name, paper=card.paper or None)
