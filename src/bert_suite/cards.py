@@ -30,6 +30,7 @@ class SplitSpec:
     header: bool = True
     columns: dict[str, str | int] = field(default_factory=dict)
     server_file: str | None = None  # GLUE test server file name (test splits)
+    rows: int | None = None  # expected row count (test splits: checked by glue-package)
 
 
 @dataclass
@@ -49,7 +50,8 @@ class TaskCard:
     index_column: str = "idx"
     server_name: str | None = None  # the task's name in the GLUE server package (e.g. "RTE")
     predict_with: str | None = None  # e.g. AX is predicted with the MNLI model
-    majority_baseline: bool = False  # WNLI: the paper predicts the majority class
+    majority_label: str | None = None  # WNLI: the paper submits the majority class, not a model
+    data_folder: str | None = None  # the task's folder in the GLUE distribution (RTE, SST-2, diagnostic)
     defaults: dict[str, Any] = field(default_factory=dict)
     grid: dict[str, list] = field(default_factory=dict)
     paper: dict[str, float] = field(default_factory=dict)
