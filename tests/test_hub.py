@@ -177,3 +177,58 @@ def test_push_keeps_an_existing_readme_and_requires_one(online, checkpoint):
     push_to_hub(checkpoint, REPO)
     assert (checkpoint / "README.md").read_text() == "my own card\n"
     assert [c[0] for c in online.calls] == ["init", "create_repo", "upload_folder"]
+
+
+# ------------------------------------------------------------------ through the CLI, and offline
+
+
+def test_grid_push_uploads_the_best_checkpoint_with_its_card(online, tmp_path, monkeypatch, capfd):
+    from bert_suite.cli import main as cli_main
+    from test_glue import run_args, write_rte_like
+
+    monkeypatch.setattr(hub, "hub_reachable", lambda timeout=3.0: True)
+    monkeypatch.setenv("HF_TOKEN", FAKE_TOKEN)
+    data = write_rte_like(tmp_path / "data", n_train=32, n_dev=16)
+    out = tmp_path / "grid"
+    assert cli_main(["grid", "rte", *run_args(data, out, "--max_steps", "2"), "--learning_rates", "1e-3", "5e-4",
+                     "--batch_sizes", "8", "--epochs", "1", "--push_to_hub", "--hub_model_id", REPO]) == 0
+    uploads = [c[1] for c in online.calls if c[0] == "upload_folder"]
+    assert len(uploads) == 1 and uploads[0]["folder_path"] == str(out / "best") and uploads[0]["repo_id"] == REPO
+    card = (out / "best" / "README.md").read_text()
+    meta = front_matter(card)
+    results = meta["model-index"][0]["results"][0]
+    assert results["dataset"]["type"] == "nyu-mll/glue" and results["metrics"]
+    grid_section = card.split("## Grid search", 1)[1]
+    assert "| 0.001 |" in grid_section and "| 0.0005 |" in grid_section  # both trials listed
+    assert FAKE_TOKEN not in card and FAKE_TOKEN not in "".join(capfd.readouterr())
+
+
+def test_push_is_refused_before_training_when_the_hub_is_unreachable(tmp_path, monkeypatch, capsys):
+    from bert_suite.cli import main as cli_main
+    from test_glue import run_args, write_rte_like
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(hub, "hub_reachable", lambda timeout=3.0: False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    import datasets.config
+
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
+    data = write_rte_like(tmp_path / "data", n_train=8, n_dev=8)
+    start = time.time()
+    assert cli_main(["finetune", "rte", *run_args(data, tmp_path / "run"), "--push_to_hub", "--hub_model_id", REPO]) == 2
+    assert "Hub cannot be reached" in capsys.readouterr().err and time.time() - start < 10
+    assert not (tmp_path / "run" / "all_results.json").exists()  # nothing was trained
+    assert constants.HF_HUB_OFFLINE is True and datasets.config.HF_HUB_OFFLINE is True  # switched to offline
+
+
+def test_unreachable_hub_fails_fast_naming_the_local_way_out(tmp_path, monkeypatch, capsys):
+    from bert_suite.cli import main as cli_main
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(hub, "hub_reachable", lambda timeout=3.0: False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    start = time.time()
+    assert cli_main(["finetune", "rte", "--model", "no-such-user/no-such-model", "--output_dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert time.time() - start < 10 and "--model" in err and "--tokenizer" in err
+    assert not (tmp_path / "all_results.json").exists()

@@ -36,11 +36,39 @@ def _training_overrides(rest: list[str]) -> dict:
     return {k: getattr(parsed, k) for k in given if hasattr(parsed, k)}
 
 
+def _needs_hub(*sources: str | None) -> None:
+    """Fail fast offline: when a source is neither a local path nor a preset, and the Hub does not
+    answer, go offline so a missing cache entry errors at once (naming --data_dir / --model)."""
+    if any(s is None or not (s.startswith("preset:") or Path(s).exists()) for s in sources):
+        from .hub import offline_unless_reachable
+
+        offline_unless_reachable()
+
+
+def _check_push(args: argparse.Namespace, card) -> None:
+    """Before any training: --push_to_hub needs a repository id, a card with a Hub dataset (for the
+    model card's metadata) and a reachable Hub."""
+    if not args.push_to_hub:
+        return
+    if not args.hub_model_id:
+        raise ValueError("--push_to_hub needs --hub_model_id (e.g. user/bert-base-rte)")
+    if not (card.hub or {}).get("path"):
+        raise ValueError(f"--push_to_hub: the card {card.path} has no hub.path (the dataset's Hub id), which the "
+                         "model card's metadata needs")
+    from .hub import offline_unless_reachable
+
+    if offline_unless_reachable():
+        raise ValueError("--push_to_hub: the Hugging Face Hub cannot be reached (or HF_HUB_OFFLINE is set); "
+                         "run without it and push the output folder later")
+
+
 def _finetune(args: argparse.Namespace, rest: list[str]) -> None:
     from .cards import load_card
     from .runner import prepare, train_and_evaluate, training_arguments, write_manifest
 
     card = load_card(args.task)
+    _check_push(args, card)
+    _needs_hub(args.model, args.data_dir, args.tokenizer or args.model)
     output_dir = args.output_dir or f"runs/{card.name}"
     overrides = _training_overrides(rest)
     training = training_arguments(card, output_dir, overrides)
@@ -58,6 +86,8 @@ def _grid(args: argparse.Namespace, rest: list[str]) -> None:
     from .grid import run_grid, search_space
 
     card = load_card(args.task)
+    _check_push(args, card)
+    _needs_hub(args.model, args.data_dir, args.tokenizer or args.model)
     output_dir = args.output_dir or f"runs/{card.name}-grid"
     space = search_space(card, args.grid, learning_rate=args.learning_rates,
                          per_device_train_batch_size=args.batch_sizes, num_train_epochs=args.epochs, seed=args.seeds)
@@ -71,13 +101,12 @@ def _grid(args: argparse.Namespace, rest: list[str]) -> None:
 def _push(card, folder, args, metrics, training, grid_result=None) -> None:
     from .hub import model_card, push_to_hub
 
-    if not args.hub_model_id:
-        raise ValueError("--push_to_hub needs --hub_model_id (e.g. user/bert-base-rte)")
     best = (grid_result or {}).get("best") or {}
     hparams = {k: best.get(k, getattr(training, k, None)) for k in
                ("learning_rate", "per_device_train_batch_size", "num_train_epochs", "seed")}
     info = {"model_id": args.hub_model_id, "base_model": args.model, "task": card.name,
-            "dataset": dict(card.hub or {}), "dev_metrics": metrics, "hyperparameters": hparams,
+            "dataset": {"id": card.hub["path"], "config": card.hub.get("name"), "split": card.eval_splits[0]},
+            "dev_metrics": metrics, "hyperparameters": hparams,
             "seeds": sorted({r["seed"] for r in (grid_result or {}).get("records", [])}) or [hparams["seed"]]}
     if grid_result and "grid_results.md" in grid_result["files"]:
         info["grid"] = Path(grid_result["files"]["grid_results.md"]).read_text()
@@ -90,12 +119,54 @@ def _predict(args: argparse.Namespace, rest: list[str]) -> None:
     from .runner import predict
 
     card = load_card(args.task)
+    _needs_hub(args.model, args.data_dir)
     splits = card.test_splits if args.split == "test" else card.eval_splits if args.split == "dev" else [args.split]
     for split in splits:
         if split not in card.splits:
             raise ValueError(f"task {card.name} has no split {split!r} (splits: {', '.join(card.splits)})")
         path = predict(card, args.model, split, args.data_dir, args.output_dir or args.model, args.tokenizer)
         print(f"wrote {path}")
+
+
+def _glue_package(args: argparse.Namespace, rest: list[str]) -> None:
+    from .glue_package import package
+
+    _needs_hub(args.data_dir)
+    summary = package(args.run_dirs, args.output_dir, args.data_dir, args.tokenizer)
+    print(Path(args.output_dir, "dev_summary.md").read_text())
+    print(f"wrote {summary['zip']} ({len(summary['files'])} files"
+          + (f"; missing {', '.join(summary['missing'])})" if summary["missing"] else ")"))
+
+
+def _tokenizer(args: argparse.Namespace, rest: list[str]) -> None:
+    from .pretraining.tokenizer import train_tokenizer
+
+    tok = train_tokenizer(args.input, args.vocab_size, args.lowercase, args.output_dir, args.min_frequency)
+    print(f"wrote {args.output_dir}: WordPiece vocabulary of {len(tok)} tokens")
+
+
+def _pretrain_data(args: argparse.Namespace, rest: list[str]) -> None:
+    from .pretraining.instances import build_pretraining_dataset, format_stats
+
+    stats = build_pretraining_dataset(
+        args.input, args.tokenizer, args.output_dir, max_seq_length=args.max_seq_length,
+        short_seq_prob=args.short_seq_prob, dupe_factor=args.dupe_factor, static_masking=args.static_masking,
+        max_predictions_per_seq=args.max_predictions_per_seq, masked_lm_prob=args.masked_lm_prob,
+        whole_word_mask=args.whole_word_mask, seed=args.seed, num_proc=args.num_proc, fmt=args.format)
+    print(format_stats(stats))
+
+
+def _corpus(args: argparse.Namespace, rest: list[str]) -> None:
+    from .pretraining.corpus import build_embedded_corpus
+
+    counts = build_embedded_corpus(args.output_dir, args.heldout_share)
+    print(f"wrote {args.output_dir}/pretrain.txt and heldout.txt: {counts}")
+
+
+def _demo(args: argparse.Namespace, rest: list[str]) -> None:
+    from .demo import run_demo
+
+    print(run_demo(args.output_dir, args.max_steps))
 
 
 def _add_run_flags(p: argparse.ArgumentParser) -> None:
@@ -146,6 +217,52 @@ def build_parser() -> argparse.ArgumentParser:
     pred.add_argument("--output_dir", help="default: the model folder")
     pred.set_defaults(func=_predict)
 
+    package = sub.add_parser("glue-package", help="GLUE server files + zip + dev summary from finetune/grid runs")
+    package.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="finetune or grid output folders")
+    package.add_argument("--output_dir", required=True, help="where the server files and the zip go")
+    package.add_argument("--data_dir", help="GLUE root (RTE/, MNLI/, diagnostic/, ...) for test files and "
+                         "row checks (default: the folders the runs were trained from)")
+    package.add_argument("--tokenizer", help="tokenizer, if the checkpoints lack one")
+    package.set_defaults(func=_glue_package)
+
+    tok = sub.add_parser("tokenizer", help="train a WordPiece vocabulary on text files")
+    tok.add_argument("--input", nargs="+", required=True, help="text files")
+    tok.add_argument("--vocab_size", type=int, default=30522)
+    tok.add_argument("--lowercase", action="store_true", help="uncased vocabulary (as bert-base-uncased)")
+    tok.add_argument("--min_frequency", type=int, default=2)
+    tok.add_argument("--output_dir", required=True)
+    tok.set_defaults(func=_tokenizer)
+
+    data = sub.add_parser("pretrain-data", help="documents -> NSP instances (a datasets folder for the recipe)")
+    data.add_argument("--input", nargs="+", required=True,
+                      help="text files: one sentence per line and a blank line between documents, or raw text")
+    data.add_argument("--tokenizer", required=True, help="tokenizer folder or vocab.txt")
+    data.add_argument("--output_dir", required=True)
+    data.add_argument("--max_seq_length", type=int, default=128)
+    data.add_argument("--short_seq_prob", type=float, default=0.1)
+    data.add_argument("--dupe_factor", type=int, default=1, help="passes over the corpus (each with new masks "
+                      "when --static_masking)")
+    data.add_argument("--static_masking", action="store_true", help="mask once here (the reference) instead of "
+                      "anew every epoch in the collator")
+    data.add_argument("--max_predictions_per_seq", type=int, default=20)
+    data.add_argument("--masked_lm_prob", type=float, default=0.15)
+    data.add_argument("--whole_word_mask", action="store_true")
+    data.add_argument("--seed", type=int, default=12345)
+    data.add_argument("--num_proc", type=int, help="worker processes (default: 1)")
+    data.add_argument("--format", default="auto", choices=["auto", "lines", "raw", "wikitext"],
+                      help="input layout (auto detects)")
+    data.set_defaults(func=_pretrain_data)
+
+    corpus = sub.add_parser("corpus", help="write the embedded corpus (stdlib documentation) as text files")
+    corpus.add_argument("--output_dir", required=True)
+    corpus.add_argument("--heldout_share", type=float, default=0.2, help="documents kept out for the demo task")
+    corpus.set_defaults(func=_corpus)
+
+    demo = sub.add_parser("demo", help="the embedded demo: corpus -> vocabulary -> pre-training -> fine-tuning")
+    demo.add_argument("--output_dir", default="runs/demo")
+    demo.add_argument("--max_steps", type=int, help="pre-training steps (default: the tiny config's)")
+    demo.set_defaults(func=_demo)
+
     return parser
 
 
@@ -156,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     try:
         args.func(args, rest)
-    except (ValueError, OSError, KeyError) as err:
+    except (ValueError, OSError, KeyError, RuntimeError) as err:
         if os.environ.get("BERT_SUITE_DEBUG"):
             raise
         print(f"bert-suite {args.command}: error: {err}", file=sys.stderr)

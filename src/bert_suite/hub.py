@@ -178,3 +178,57 @@ def push_to_hub(folder: str | Path, repo_id: str, token: str | None = None, priv
         # `from None`: the original exception (and its traceback) may quote the token.
         raise RuntimeError(f"cannot push {folder} to {repo_id}: {message}") from None
     return str(url)
+
+
+def hub_reachable(timeout: float = 3.0) -> bool:
+    """Whether the Hub endpoint answers within `timeout` seconds (through any configured proxy)."""
+    import urllib.error
+    import urllib.request
+
+    try:  # urllib honours the *_PROXY variables, as the Hub client does
+        urllib.request.urlopen(urllib.request.Request(constants.ENDPOINT, method="HEAD"), timeout=timeout).close()
+    except urllib.error.HTTPError:
+        return True  # it answered
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def offline_unless_reachable(timeout: float = 3.0) -> bool:
+    """Switch this process to offline mode when the Hub cannot be reached, so that cached files
+    still load and anything missing fails at once with our message, instead of after a minute of
+    retries. Returns True when the process is (now) offline."""
+    if constants.HF_HUB_OFFLINE:
+        return True
+    if hub_reachable(timeout):
+        return False
+    logger.warning("the Hugging Face Hub (%s) cannot be reached: working offline, from local files and the cache",
+                   constants.ENDPOINT)
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    constants.HF_HUB_OFFLINE = True
+    try:
+        import datasets.config
+
+        datasets.config.HF_HUB_OFFLINE = datasets.config.HF_DATASETS_OFFLINE = True
+    except ImportError:
+        pass
+    return True
+
+
+def pretraining_card(model_id: str, results: dict) -> str:
+    """README.md for a pre-trained (not fine-tuned) checkpoint: the recipe's config and the final
+    training and held-out metrics."""
+    config = results.get("config", {})
+    front = {"library_name": "transformers", "pipeline_tag": "fill-mask",
+             "tags": ["bert_suite", "bert", "pretraining", "masked-lm", "next-sentence-prediction"]}
+    metrics = [(k, f"{v:.4f}") for k, v in results.items() if isinstance(v, float)]
+    settings = [(k, config[k]) for k in ("model_size", "use_nsp", "causal_attention", "max_steps", "learning_rate",
+                                          "per_device_train_batch_size", "warmup_steps", "mlm_probability",
+                                          "mask_ratio", "random_ratio", "whole_word_mask", "seed") if k in config]
+    parts = [f"---\n{yaml.safe_dump(front, sort_keys=False)}---", f"# {model_id}",
+             "A BERT model pre-trained (masked LM + next-sentence prediction) with bert_suite's recipe, "
+             "which follows the BERT paper (Devlin et al., 2018).",
+             "## Recipe settings", _table(("name", "value"), settings),
+             f"## Metrics at step {results.get('step')}", _table(("metric", "value"), metrics),
+             "## Citation", f"```bibtex\n{CITATION}\n```"]
+    return scrub_secrets("\n\n".join(parts) + "\n")

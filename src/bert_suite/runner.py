@@ -61,8 +61,8 @@ def load_tokenizer(model: str, tokenizer: str | None = None):
             return wordpiece_tokenizer(path)
         return AutoTokenizer.from_pretrained(source)
     except (OSError, ValueError) as err:
-        raise RunError(f"cannot load a tokenizer from {source!r} ({str(err).splitlines()[0][:200]}); pass a local "
-                       "checkpoint folder or vocab.txt with --tokenizer") from None
+        raise RunError(f"cannot load a tokenizer from {source!r} ({str(err).splitlines()[0][:200]}); offline, pass "
+                       "a local checkpoint folder with --model, or a vocab.txt / tokenizer folder with --tokenizer") from None
 
 
 def wordpiece_tokenizer(vocab_file: Path):
@@ -197,7 +197,7 @@ def write_manifest(path: Path, prepared: Prepared, model: str, data_dir: str | N
         "task": prepared.card.name,
         "card": prepared.card.path,
         "model": model,
-        "data_dir": data_dir,
+        "data_dir": str(Path(data_dir).resolve()) if data_dir else None,
         "max_seq_length": prepared.max_seq_length,
         "training_arguments": {k: getattr(args, k) for k in keep},
         "dataset_fingerprints": prepared.fingerprints,
