@@ -366,3 +366,22 @@ def test_output_hidden_states_and_attentions():
 
 def test_version_is_exposed():
     assert bert_suite.__version__
+
+
+def test_masked_positions_only_gives_the_same_loss_for_less_work():
+    from bert_suite import BertSuiteForMaskedLM
+
+    torch.manual_seed(0)
+    config = BertSuiteConfig.from_preset("tiny", vocab_size=50)
+    ids = torch.randint(5, 50, (3, 12))
+    labels = torch.full_like(ids, -100)
+    labels[0, 2], labels[1, 5], labels[1, 7], labels[2, 11] = 7, 8, 9, 10
+    nsp = torch.tensor([0, 1, 0])
+    for cls, extra in ((BertSuiteForPreTraining, {"next_sentence_label": nsp}), (BertSuiteForMaskedLM, {})):
+        model = cls(config).eval()
+        dense = model(input_ids=ids, labels=labels, **extra)
+        sparse = model(input_ids=ids, labels=labels, masked_positions_only=True, **extra)
+        assert torch.allclose(dense.loss, sparse.loss, atol=1e-6)
+        logits = sparse.prediction_logits if cls is BertSuiteForPreTraining else sparse.logits
+        dense_logits = dense.prediction_logits if cls is BertSuiteForPreTraining else dense.logits
+        assert logits.shape == (4, 50) and torch.allclose(logits, dense_logits[labels != -100], atol=1e-6)
