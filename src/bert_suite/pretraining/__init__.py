@@ -1,0 +1,1 @@
+"""Pre-training: corpus -> documents -> NSP instances; masking collator."""

@@ -1,0 +1,594 @@
+"""Plain-text corpus -> documents -> next-sentence-prediction instances -> a `datasets` dataset on disk.
+
+Instances follow the reference create_pretraining_data algorithm (PAPER.md, "Pre-training"), with its
+known flaw fixed: a NotNext segment B never comes from the document segment A came from.
+
+Corpus formats (`fmt`):
+- `lines`: the reference format: one sentence per line, a blank line between documents.
+- `raw`: plain prose (e.g. Project Gutenberg books): the whole file is one document; hard-wrapped
+  lines are joined into paragraphs (blank-line separated) and split into sentences.
+- `wikitext`: WikiText raw: a ` = Title = ` line starts a document, ` = = Section = = ` headings
+  are dropped, each other line is a paragraph split into sentences; the `@-@`, `@,@`, `@.@`
+  joiners are undone.
+- `auto` (per file): `wikitext` when the first non-empty line is a ` = Title = ` line; `lines`
+  when at least 80% of the non-empty lines (of the first MiB) end with . ! or ? (closing quotes
+  allowed) and blank lines, if any, separate groups averaging two or more lines; `raw` otherwise.
+Files are read as UTF-8, or as Windows-1252 when they are not UTF-8 (reported in the statistics).
+
+Memory is bounded by working shard by shard: a shard is a run of whole documents (at most
+`docs_per_shard` documents, cut sooner at ~16 MiB of text, never fewer than two documents) that
+is read, tokenised and turned into instances on its own, in a worker process when `num_proc` > 1.
+"""
+
+from __future__ import annotations
+
+import codecs
+import hashlib
+import json
+import math
+import os
+import random
+import re
+import tempfile
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+from .tokenizer import SPECIAL_TOKENS, check_bert_vocabulary, check_input_files, load_pretraining_tokenizer
+
+FORMATS = ("auto", "lines", "raw", "wikitext")
+SHARD_BYTES = 16 << 20  # text per shard; as Python lists of token ids and instances a worker holds ~15-20x this
+TOKENIZE_BATCH = 4096  # sentences per tokenizer call: large enough for the Rust side to parallelise
+MASK_BATCH = 256  # instances padded and masked together for static masking
+STATS_FILE = "pretrain_data_stats.json"
+
+# ----------------------------------------------------------------------------- sentence splitting
+
+_CLOSERS = "\"'”’)]»"
+_OPENERS = "\"'“‘([«"
+# Candidate boundary: sentence-final punctuation, optional closing quotes/brackets, white space.
+_BOUNDARY = re.compile(r"[.!?]+[\"'”’)\]»]*\s+")
+# Words that end in a full stop without ending a sentence (compared lower-cased, final "." removed).
+_ABBREVIATIONS = frozenset(
+    "mr mrs ms messrs dr prof rev hon st mt jr sr capt col gen lt sgt gov vs etc cf viz al fig".split())
+
+
+def split_sentences(text: str) -> list[str]:
+    """Split a paragraph into sentences: after . ! or ? (optionally followed by closing quotes or
+    brackets) when white space and then an upper-case letter, a digit or an opening quote follow.
+    A full stop after a known abbreviation (Mr. Dr. etc.), a single capital (an initial) or a word
+    with inner full stops (e.g. i.e. U.S.) does not end a sentence."""
+    sentences: list[str] = []
+    start = 0
+    for match in _BOUNDARY.finditer(text):
+        end = match.end()
+        if end >= len(text):
+            break
+        following = text[end]
+        if not (following.isupper() or following.isdigit() or following in _OPENERS):
+            continue
+        punct = match.start()
+        if text[punct] == "." and (end - punct < 2 or text[punct + 1] not in ".!?"):
+            word = text[text.rfind(" ", start, punct) + 1: punct].lstrip(_OPENERS)
+            if (word.lower() in _ABBREVIATIONS or (len(word) == 1 and word.isupper()) or "." in word):
+                continue
+        sentence = text[start:end].strip()
+        if sentence:
+            sentences.append(sentence)
+        start = end
+    rest = text[start:].strip()
+    if rest:
+        sentences.append(rest)
+    return sentences
+
+
+# ----------------------------------------------------------------------------- reading documents
+
+_TITLE = re.compile(r"= [^=](?:.*[^=])? =")  # a stripped ` = Title = ` line (one `=` each side)
+_TITLE_BYTES = re.compile(rb"= [^=](?:.*[^=])? =")
+_WIKI_JOINERS = ((" @-@ ", "-"), (" @,@ ", ","), (" @.@ ", "."))
+_BOM = b"\xef\xbb\xbf"
+
+
+def _is_heading(stripped) -> bool:
+    """A stripped ` = = Section = = ` line (str or bytes)."""
+    mark = b"= =" if isinstance(stripped, bytes) else "= ="
+    return stripped.startswith(mark) and stripped.endswith(mark)
+
+
+def detect_format(path: str | Path) -> str:
+    """`wikitext`, `lines` or `raw` for a file, by the rules in this module's docstring."""
+    with open(path, "rb") as f:
+        sample = f.read(1 << 20).decode("utf-8-sig", errors="replace")
+    lines = [line.strip() for line in sample.split("\n")[:20000]]
+    nonempty = [line for line in lines if line]
+    if not nonempty:
+        return "raw"
+    if _TITLE.fullmatch(nonempty[0]):
+        return "wikitext"
+    final = sum(line.rstrip(_CLOSERS).endswith((".", "!", "?")) for line in nonempty) / len(nonempty)
+    groups = sum(1 for i, line in enumerate(lines) if line and (i == 0 or not lines[i - 1]))
+    if final >= 0.8 and len(nonempty) / groups >= 2:
+        return "lines"
+    return "raw"
+
+
+def _documents_from_lines(lines: Iterable[str], fmt: str) -> Iterator[list[str]]:
+    """Documents (lists of sentences) of one file's lines in a resolved format; an empty list is an
+    empty document (a WikiText title without text, a blank raw file) for the caller to count."""
+    if fmt == "lines":
+        doc: list[str] = []
+        for line in lines:
+            line = line.strip()
+            if line:
+                doc.append(line)
+            elif doc:
+                yield doc
+                doc = []
+        if doc:
+            yield doc
+    elif fmt == "raw":
+        doc, paragraph = [], []
+        for line in lines:
+            line = line.strip()
+            if line:
+                paragraph.append(line)
+            elif paragraph:
+                doc.extend(split_sentences(" ".join(paragraph)))
+                paragraph = []
+        if paragraph:
+            doc.extend(split_sentences(" ".join(paragraph)))
+        yield doc  # the whole file is one document, even an empty one (counted by the caller)
+    elif fmt == "wikitext":
+        doc, titled = [], False
+        for line in lines:
+            line = line.strip()
+            if _TITLE.fullmatch(line):
+                if doc or titled:
+                    yield doc
+                doc, titled = [], True
+            elif line and not _is_heading(line):
+                for joiner, plain in _WIKI_JOINERS:
+                    line = line.replace(joiner, plain)
+                doc.extend(split_sentences(line))
+        if doc or titled:
+            yield doc
+    else:
+        raise ValueError(f"unknown corpus format {fmt!r}; expected one of {', '.join(FORMATS)}")
+
+
+def _document_spans(path: Path, fmt: str) -> Iterator[tuple[int, int, bool]]:
+    """(start byte, end byte, has text) of each document of a file, found without decoding or
+    splitting sentences, so that shards can be planned cheaply and re-read by workers."""
+    with open(path, "rb") as f:
+        offset = 3 if f.read(3) == _BOM else 0
+        f.seek(offset)
+        if fmt == "raw":
+            has_text = any(line.strip() for line in f)  # stops at the first line with text
+            yield offset, path.stat().st_size, has_text
+            return
+        start, has_text = None, False
+        for line in f:
+            stripped = line.strip()
+            if fmt == "lines":
+                if stripped and start is None:
+                    start = offset
+                elif not stripped and start is not None:
+                    yield start, offset, True
+                    start = None
+            elif _TITLE_BYTES.fullmatch(stripped):
+                if start is not None:
+                    yield start, offset, has_text
+                start, has_text = offset, False
+            elif stripped and not _is_heading(stripped):
+                if start is None:  # text before the first title is a document of its own
+                    start = offset
+                has_text = True
+            offset += len(line)
+        if start is not None:
+            yield start, offset, (fmt == "lines" or has_text)
+
+
+def file_encoding(path: str | Path) -> str:
+    """`utf-8`, or `cp1252` for a file that is not UTF-8 but decodes as Windows-1252/Latin-1 (older
+    Project Gutenberg texts are such); anything else is a ValueError naming the file and byte."""
+    for encoding in ("utf-8", "cp1252"):
+        decoder = codecs.getincrementaldecoder(encoding)()
+        offset = 0
+        try:
+            with open(path, "rb") as f:
+                while block := f.read(1 << 22):
+                    decoder.decode(block)
+                    offset += len(block)
+                decoder.decode(b"", final=True)
+            return encoding
+        except UnicodeDecodeError as err:
+            if encoding == "utf-8":
+                first_error = f"byte {offset + err.start}: {err.reason}"
+    raise ValueError(f"{path}: {first_error}: the file is neither UTF-8 nor Windows-1252 text")
+
+
+def _read_piece(path: str, fmt: str, encoding: str, start: int, end: int) -> Iterator[list[str]]:
+    with open(path, "rb") as f:
+        f.seek(start)
+        data = f.read(end - start)
+    return _documents_from_lines(data.decode(encoding).split("\n"), fmt)
+
+
+def _resolve_format(path: Path, fmt: str) -> str:
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown corpus format {fmt!r}; expected one of {', '.join(FORMATS)}")
+    return detect_format(path) if fmt == "auto" else fmt
+
+
+def iter_documents(path: str, fmt: str = "auto", counts: dict | None = None) -> Iterator[list[str]]:
+    """Stream the documents of a file, one list of sentences at a time. Empty documents are skipped
+    and counted in `counts["skipped_empty_documents"]` when a dict is given."""
+    path = check_input_files([path])[0]
+    fmt, encoding = _resolve_format(path, fmt), file_encoding(path)
+    # newline="\n": lines split exactly as the shard workers split them (not at form feeds and such).
+    with open(path, encoding="utf-8-sig" if encoding == "utf-8" else encoding, newline="\n") as f:
+        for doc in _documents_from_lines(f, fmt):
+            if doc:
+                yield doc
+            elif counts is not None:
+                counts["skipped_empty_documents"] = counts.get("skipped_empty_documents", 0) + 1
+
+
+Piece = tuple[str, str, str, int, int]  # (path, format, encoding, start byte, end byte) of whole documents
+
+
+def plan_shards(paths: list[Path], fmt: str = "auto", docs_per_shard: int = 2000,
+                shard_bytes: int = SHARD_BYTES) -> tuple[list[list[Piece]], dict[str, dict[str, str]], int]:
+    """Cut the corpus into shards of whole documents: (shards as lists of pieces, the format and
+    encoding of each file, the number of documents with text). Every shard has at least two
+    documents with text, so NotNext segments can be drawn inside it."""
+    shards: list[list[Piece]] = []
+    files: dict[str, dict[str, str]] = {}
+    pieces: list[Piece] = []
+    shard_docs = shard_size = total_docs = 0
+    for path in paths:
+        fmt_here, encoding = _resolve_format(path, fmt), file_encoding(path)
+        files[str(path)] = {"format": fmt_here, "encoding": encoding}
+        piece_start = piece_end = None
+        for start, end, has_text in _document_spans(path, fmt_here):
+            piece_start = start if piece_start is None else piece_start
+            piece_end = end
+            shard_docs += has_text
+            total_docs += has_text
+            shard_size += end - start
+            if shard_docs >= 2 and (shard_docs >= docs_per_shard or shard_size >= shard_bytes):
+                shards.append([*pieces, (str(path), fmt_here, encoding, piece_start, piece_end)])
+                pieces, piece_start, shard_docs, shard_size = [], None, 0, 0
+        if piece_start is not None:
+            pieces.append((str(path), fmt_here, encoding, piece_start, piece_end))
+    if pieces:
+        # A tail with fewer than two documents could not draw NotNext segments: it joins the last shard.
+        if shard_docs >= 2 or not shards:
+            shards.append(pieces)
+        else:
+            shards[-1].extend(pieces)
+    if total_docs < 2:
+        raise ValueError(f"{', '.join(str(p) for p in paths)}: {total_docs} document(s) with text; next-sentence "
+                         "prediction needs at least two (check the format: 'lines' separates documents by blank "
+                         "lines, 'raw' makes each file one document)")
+    return shards, files, total_docs
+
+
+# ----------------------------------------------------------------------------- instance creation
+
+def truncated_lengths(len_a: int, len_b: int, max_num_tokens: int) -> tuple[int, int]:
+    """Segment lengths after the reference truncation, which removes one token at a time from the
+    longer segment (from B on a tie) until the pair fits: computed directly instead of looping."""
+    excess = len_a + len_b - max_num_tokens
+    if excess <= 0:
+        return len_a, len_b
+    cut = min(excess, abs(len_a - len_b))
+    if len_a > len_b:
+        len_a -= cut
+    else:
+        len_b -= cut
+    excess -= cut
+    # Equal lengths now: the tie takes from B, then A is longer by one, and so on alternately.
+    return len_a - excess // 2, len_b - (excess + 1) // 2
+
+
+def _trim(tokens: list[int], keep: int, rng: random.Random) -> list[int]:
+    """Keep `keep` tokens; each removed token came from the front or the back with equal
+    probability, so the number from the front is Binomial(removed, 1/2), drawn in one call."""
+    removed = len(tokens) - keep
+    if removed <= 0:
+        return tokens
+    front = rng.getrandbits(removed).bit_count()
+    return tokens[front: front + keep]
+
+
+def instances_from_document(documents: list[list[list[int]]], index: int, max_num_tokens: int,
+                            short_seq_prob: float, rng: random.Random
+                            ) -> Iterator[tuple[list[int], list[int], int, bool, bool]]:
+    """(segment A, segment B, label 0 IsNext / 1 NotNext, truncated, short target) tuples from
+    document `index`, by the reference algorithm. NotNext segments come from another document of
+    `documents`; "short target" says the document drew a shortened target length."""
+    document = documents[index]
+    target_length = max_num_tokens
+    short = rng.random() < short_seq_prob
+    if short:
+        target_length = rng.randint(2, max_num_tokens)
+    chunk: list[list[int]] = []
+    chunk_length = 0
+    i = 0
+    while i < len(document):
+        chunk.append(document[i])
+        chunk_length += len(document[i])
+        if i == len(document) - 1 or chunk_length >= target_length:
+            a_end = rng.randint(1, len(chunk) - 1) if len(chunk) >= 2 else 1
+            tokens_a = [t for sentence in chunk[:a_end] for t in sentence]
+            if len(chunk) == 1 or rng.random() < 0.5:
+                label = 1
+                # The fix: draw among the OTHER documents (the reference may pick this one and
+                # still label the pair NotNext).
+                other = rng.randrange(len(documents) - 1)
+                other += other >= index
+                random_document = documents[other]
+                target_b = target_length - len(tokens_a)
+                tokens_b = []
+                for sentence in random_document[rng.randrange(len(random_document)):]:
+                    tokens_b.extend(sentence)
+                    if len(tokens_b) >= target_b:
+                        break
+                i -= len(chunk) - a_end  # the unused sentences go back for the next instance
+            else:
+                label = 0
+                tokens_b = [t for sentence in chunk[a_end:] for t in sentence]
+            len_a, len_b = truncated_lengths(len(tokens_a), len(tokens_b), max_num_tokens)
+            truncated = len_a + len_b < len(tokens_a) + len(tokens_b)
+            if truncated:
+                tokens_a, tokens_b = _trim(tokens_a, len_a, rng), _trim(tokens_b, len_b, rng)
+            yield tokens_a, tokens_b, label, truncated, short
+            chunk, chunk_length = [], 0
+        i += 1
+
+
+def _derived_seed(*parts) -> int:
+    """A 63-bit seed from (seed, shard, round, ...) that is the same in every process."""
+    return int.from_bytes(hashlib.sha256(repr(parts).encode()).digest()[:8], "little") >> 1
+
+
+def _tokenize_shard(pieces, tokenizer, counts: dict) -> list[list[list[int]]]:
+    """The shard's documents as lists of sentence token ids; empty sentences/documents counted."""
+    sentences: list[str] = []
+    bounds: list[int] = [0]
+    for piece in pieces:
+        for doc in _read_piece(*piece):
+            if doc:
+                sentences.extend(doc)
+                bounds.append(len(sentences))
+            else:
+                counts["skipped_empty_documents"] += 1
+    ids: list[list[int]] = []
+    for i in range(0, len(sentences), TOKENIZE_BATCH):
+        ids.extend(tokenizer(sentences[i: i + TOKENIZE_BATCH], add_special_tokens=False,
+                             return_attention_mask=False, return_token_type_ids=False)["input_ids"])
+    documents = []
+    for start, end in zip(bounds, bounds[1:], strict=False):
+        doc = [sentence for sentence in ids[start:end] if sentence]
+        counts["skipped_empty_sentences"] += end - start - len(doc)
+        if doc:
+            documents.append(doc)
+            counts["sentences"] += len(doc)
+            counts["corpus_tokens"] += sum(map(len, doc))
+        else:
+            counts["skipped_empty_documents"] += 1
+    counts["documents"] += len(documents)
+    return documents
+
+
+def _generate(shards: list, settings: dict, tokenizer) -> Iterator[dict]:
+    """datasets generator: the examples of the given shards, in shard order. Statistics of each
+    shard go to a JSON file in settings["stats_dir"] (workers cannot return values)."""
+    masker = None
+    if settings["static_masking"]:
+        import torch
+
+        from .masking import MaskingCollator
+
+        masker = MaskingCollator(tokenizer, mlm_probability=settings["masked_lm_prob"],
+                                 max_predictions_per_seq=settings["max_predictions_per_seq"],
+                                 whole_word_mask=settings["whole_word_mask"])
+    cls_id, sep_id = settings["cls_id"], settings["sep_id"]
+    max_num_tokens = settings["max_seq_length"] - 3
+    for shard_index, pieces, neighbour in shards:
+        counts = dict.fromkeys(("documents", "skipped_empty_documents", "sentences", "skipped_empty_sentences",
+                                "corpus_tokens", "instances", "not_next", "short_seq", "truncated", "tokens",
+                                "document_passes", "short_target_passes"), 0)
+        # NotNext segments are drawn from this shard's documents only, not the whole corpus as in the
+        # reference (which holds every document in memory): memory stays bounded by one shard, and a
+        # shard of up to docs_per_shard documents is a wide enough pool for random segments.
+        documents = _tokenize_shard(pieces, tokenizer, counts)
+        own = len(documents)
+        if own < 2 and neighbour:
+            # Documents whose text gave no tokens left this shard a single document: NotNext segments
+            # are borrowed from the neighbouring shard (its documents make no instances here).
+            documents += _tokenize_shard(neighbour, tokenizer, dict.fromkeys(counts, 0))
+        if len(documents) < 2:
+            where = ", ".join(f"{p} bytes {s}-{e}" for p, _, _, s, e in pieces)
+            raise ValueError(f"{where}: {len(documents)} document(s) with tokens; next-sentence prediction needs "
+                             "at least two")
+        for dupe_round in range(settings["dupe_factor"]):
+            # Shard-local randomness: the output depends on (seed, shard, round) only, never on which
+            # process builds the shard, so every num_proc gives the same dataset.
+            rng = random.Random(_derived_seed(settings["seed"], shard_index, dupe_round))
+            examples = []
+            for index in range(own):
+                counts["document_passes"] += 1
+                first = True
+                for tokens_a, tokens_b, label, truncated, short in instances_from_document(
+                        documents, index, max_num_tokens, settings["short_seq_prob"], rng):
+                    counts["short_target_passes"] += short and first
+                    first = False
+                    examples.append({"input_ids": [cls_id, *tokens_a, sep_id, *tokens_b, sep_id],
+                                     "token_type_ids": [0] * (len(tokens_a) + 2) + [1] * (len(tokens_b) + 1),
+                                     "next_sentence_label": label})
+                    counts["not_next"] += label
+                    counts["short_seq"] += short
+                    counts["truncated"] += truncated
+                    counts["tokens"] += len(tokens_a) + len(tokens_b) + 3
+            # The reference shuffles its instances; here within a shard and round (bounded memory).
+            rng.shuffle(examples)
+            counts["instances"] += len(examples)
+            if masker is not None:
+                generator = torch.Generator().manual_seed(_derived_seed("mask", settings["seed"], shard_index,
+                                                                        dupe_round))
+                for start in range(0, len(examples), MASK_BATCH):
+                    batch = examples[start: start + MASK_BATCH]
+                    masked = masker.mask(masker.pad(batch), generator=generator)
+                    # Back to unpadded rows: one tolist per batch, then slices (pad() pads on the right,
+                    # so a row's real tokens are its first attention_mask.sum() positions).
+                    lengths = masked["attention_mask"].sum(dim=1).tolist()
+                    ids, labels = masked["input_ids"].tolist(), masked["labels"].tolist()
+                    for row, example in enumerate(batch):
+                        example["input_ids"], example["labels"] = ids[row][: lengths[row]], labels[row][: lengths[row]]
+            yield from examples
+        with open(Path(settings["stats_dir"]) / f"shard-{shard_index:06d}.json", "w", encoding="utf-8") as f:
+            json.dump(counts, f)
+
+
+# ----------------------------------------------------------------------------- the dataset
+
+def _features(static_masking: bool):
+    from datasets import Features, List, Value
+
+    columns = {"input_ids": List(Value("int32")), "token_type_ids": List(Value("int8")),
+               "next_sentence_label": Value("int8")}
+    if static_masking:
+        columns["labels"] = List(Value("int32"))
+    return Features(columns)
+
+
+def build_pretraining_dataset(files: list[str], tokenizer, output_dir: str, max_seq_length: int = 128,
+                              short_seq_prob: float = 0.1, dupe_factor: int = 1, static_masking: bool = False,
+                              max_predictions_per_seq: int = 20, masked_lm_prob: float = 0.15,
+                              whole_word_mask: bool = False, seed: int = 12345, num_proc: int | None = None,
+                              fmt: str = "auto", docs_per_shard: int = 2000) -> dict:
+    """Turn text files into NSP instances saved with `datasets` (`load_from_disk(output_dir)`), and
+    return (and write to output_dir/pretrain_data_stats.json) the statistics.
+
+    Columns: input_ids (int32), token_type_ids (int8), next_sentence_label (int8: 0 IsNext,
+    1 NotNext); with `static_masking`, input_ids hold the masked ids and `labels` (int32) the
+    original id at predicted positions, -100 elsewhere, with new masks in each of the
+    `dupe_factor` rounds. `whole_word_mask`, `max_predictions_per_seq` and `masked_lm_prob` only
+    apply to static masking. The same seed gives the same dataset for any `num_proc`."""
+    from datasets import Dataset
+    from datasets.exceptions import DatasetGenerationError
+
+    paths = check_input_files(files)
+    if max_seq_length < 8:
+        raise ValueError(f"max_seq_length must be at least 8 to hold [CLS] A [SEP] B [SEP], got {max_seq_length}")
+    if dupe_factor < 1:
+        raise ValueError(f"dupe_factor must be at least 1, got {dupe_factor}")
+    if not 0 <= short_seq_prob <= 1:
+        raise ValueError(f"short_seq_prob must be in [0, 1], got {short_seq_prob}")
+    if static_masking and (not 0 < masked_lm_prob <= 1 or max_predictions_per_seq < 1):
+        raise ValueError(f"masked_lm_prob must be in (0, 1] and max_predictions_per_seq at least 1, got "
+                         f"{masked_lm_prob} and {max_predictions_per_seq}")
+    if docs_per_shard < 2:
+        raise ValueError(f"docs_per_shard must be at least 2 (NotNext segments come from the same shard), "
+                         f"got {docs_per_shard}")
+    if isinstance(tokenizer, (str, Path)):
+        tokenizer = load_pretraining_tokenizer(str(tokenizer))
+    special = check_bert_vocabulary(tokenizer)
+
+    shards, file_info, _ = plan_shards(paths, fmt, docs_per_shard)
+    out = Path(output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    for old in [*out.glob("data-*.arrow"), out / "state.json", out / "dataset_info.json", out / STATS_FILE]:
+        old.unlink(missing_ok=True)  # what a previous build left; save_to_disk keeps unlisted files
+    workers = max(1, min(num_proc or 1, len(shards)))
+    # Each job: (shard index, its pieces, the pieces of a neighbouring shard to borrow NotNext from).
+    jobs = [(i, pieces, shards[i + 1] if i + 1 < len(shards) else shards[i - 1] if i else [])
+            for i, pieces in enumerate(shards)]
+    arguments = dict(max_seq_length=max_seq_length, short_seq_prob=short_seq_prob, dupe_factor=dupe_factor,
+                     seed=seed, static_masking=static_masking, whole_word_mask=whole_word_mask,
+                     max_predictions_per_seq=max_predictions_per_seq, masked_lm_prob=masked_lm_prob,
+                     docs_per_shard=docs_per_shard)
+    with tempfile.TemporaryDirectory(dir=out, prefix=".build-") as scratch:
+        settings = dict(arguments, stats_dir=scratch, cls_id=special["[CLS]"], sep_id=special["[SEP]"])
+        identity = [(str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in paths]
+        fingerprint = hashlib.sha256(repr((identity, file_info, arguments, len(tokenizer),
+                                           tokenizer.name_or_path)).encode()).hexdigest()[:16]
+        try:
+            # A fresh cache_dir: the generator must really run so that the shard statistics get written.
+            dataset = Dataset.from_generator(_generate, features=_features(static_masking),
+                                             cache_dir=os.path.join(scratch, "cache"),
+                                             gen_kwargs={"shards": jobs, "settings": settings,
+                                                         "tokenizer": tokenizer},
+                                             num_proc=workers if workers > 1 else None, fingerprint=fingerprint)
+        except DatasetGenerationError as err:
+            # Bad input found by a worker: re-raise its ValueError as is, not datasets' generic wrapper
+            # (from a worker process the original survives only as the text of its traceback).
+            cause = err.__cause__
+            while cause is not None and not isinstance(cause, ValueError):
+                cause = cause.__cause__
+            if cause is not None:
+                raise ValueError(str(cause)) from err
+            remote = re.findall(r"^ValueError: (.*)$", str(err.__cause__ or ""), flags=re.MULTILINE)
+            if remote:
+                raise ValueError(remote[-1]) from err
+            raise
+        totals: dict[str, int] = {}
+        stats_files = sorted(Path(scratch).glob("shard-*.json"))
+        if len(stats_files) != len(shards):
+            raise RuntimeError(f"{len(stats_files)} of {len(shards)} shards reported statistics")
+        for stats_file in stats_files:
+            for key, value in json.loads(stats_file.read_text()).items():
+                totals[key] = totals.get(key, 0) + value
+        if totals["instances"] != len(dataset):
+            raise RuntimeError(f"the dataset has {len(dataset)} rows but the shards made {totals['instances']}")
+        num_shards = max(workers, math.ceil(dataset.data.nbytes / (256 << 20)))
+        dataset.save_to_disk(str(out), num_shards=min(num_shards, len(dataset)))
+        del dataset
+
+    instances = totals["instances"]
+    stats = {
+        "instances": instances,
+        "not_next_share": totals["not_next"] / instances,
+        "short_seq_share": totals["short_seq"] / instances,
+        "short_target_document_share": totals["short_target_passes"] / totals["document_passes"],
+        "tokens": totals["tokens"],
+        "mean_instance_length": totals["tokens"] / instances,
+        "corpus_tokens": totals["corpus_tokens"],
+        "truncated": totals["truncated"],
+        "documents": totals["documents"],
+        "skipped_empty_documents": totals["skipped_empty_documents"],
+        "sentences": totals["sentences"],
+        "skipped_empty_sentences": totals["skipped_empty_sentences"],
+        "shards": len(shards),
+        "files": [str(p) for p in paths],
+        "formats": {name: info["format"] for name, info in file_info.items()},
+        "not_utf8_files": {name: info["encoding"] for name, info in file_info.items() if info["encoding"] != "utf-8"},
+        **arguments,
+        "masked_lm": "static" if static_masking else "dynamic (at training time)",
+        "tokenizer": tokenizer.name_or_path or type(tokenizer).__name__,
+        "tokenizer_vocab_size": len(tokenizer),
+        "special_token_ids": special,
+    }
+    (out / STATS_FILE).write_text(json.dumps(stats, indent=2) + "\n", encoding="utf-8")
+    return stats
+
+
+def format_stats(stats: dict) -> str:
+    """A few human-readable lines about a build."""
+    return "\n".join([
+        f"{stats['instances']:,} instances (length <= {stats['max_seq_length']}, dupe_factor "
+        f"{stats['dupe_factor']}, {stats['masked_lm']} masking) from {stats['documents']:,} documents, "
+        f"{stats['sentences']:,} sentences, {stats['corpus_tokens']:,} corpus tokens in {stats['shards']} shard(s)",
+        f"NotNext share {stats['not_next_share']:.3f}; short-target share {stats['short_seq_share']:.3f}; "
+        f"truncated {stats['truncated']:,} ({stats['truncated'] / stats['instances']:.1%}); "
+        f"mean length {stats['mean_instance_length']:.1f} tokens",
+        f"skipped: {stats['skipped_empty_documents']:,} empty documents, {stats['skipped_empty_sentences']:,} "
+        "sentences without tokens",
+        *[f"not UTF-8, read as {encoding}: {name}" for name, encoding in stats.get("not_utf8_files", {}).items()],
+    ])
+
+
+__all__ = ["FORMATS", "SPECIAL_TOKENS", "build_pretraining_dataset", "detect_format", "format_stats",
+           "instances_from_document", "iter_documents", "plan_shards", "split_sentences", "truncated_lengths"]

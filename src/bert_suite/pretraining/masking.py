@@ -1,0 +1,142 @@
+"""Masked-LM collator: pads NSP instances and draws BERT's masks (reference count, 80/10/10 mix, whole-word)."""
+
+from __future__ import annotations
+
+import torch
+
+IGNORE_INDEX = -100
+
+
+def _as_long(values) -> torch.Tensor:
+    """A 1-D int64 tensor from a list of ints, a numpy array (any int dtype) or a tensor."""
+    return torch.as_tensor(values).to(torch.long)
+
+
+class MaskingCollator:
+    """Pads pre-training instances and masks them as the reference create_pretraining_data does.
+
+    Written here because transformers' DataCollatorForLanguageModeling draws a Bernoulli per token (so the
+    count per sequence varies and cannot be capped by max_predictions_per_seq), may draw special tokens as
+    RANDOM replacements, needs offset mappings for whole-word masking and takes no per-call generator.
+    """
+
+    def __init__(self, tokenizer, mlm_probability: float = 0.15, mask_ratio: float = 0.8, random_ratio: float = 0.1,
+                 max_predictions_per_seq: int | None = None, whole_word_mask: bool = False,
+                 pad_to_multiple_of: int | None = None, seed: int | None = None):
+        missing = [name for name in ("mask", "cls", "sep", "pad") if getattr(tokenizer, f"{name}_token_id") is None]
+        if missing:
+            raise ValueError(f"MaskingCollator: the tokenizer has no {', '.join(t + '_token' for t in missing)}")
+        if not 0.0 < mlm_probability <= 1.0:
+            raise ValueError(f"mlm_probability must be in (0, 1], got {mlm_probability}")
+        if not (0.0 <= mask_ratio <= 1.0 and 0.0 <= random_ratio <= 1.0 and mask_ratio + random_ratio <= 1.0 + 1e-9):
+            raise ValueError(f"mask_ratio and random_ratio must be in [0, 1] with sum <= 1, "
+                             f"got {mask_ratio} and {random_ratio}")
+        if max_predictions_per_seq is not None and max_predictions_per_seq < 1:
+            raise ValueError(f"max_predictions_per_seq must be >= 1 or None, got {max_predictions_per_seq}")
+        if pad_to_multiple_of is not None and pad_to_multiple_of < 1:
+            raise ValueError(f"pad_to_multiple_of must be >= 1 or None, got {pad_to_multiple_of}")
+        self.mlm_probability, self.mask_ratio, self.random_ratio = mlm_probability, mask_ratio, random_ratio
+        self.max_predictions_per_seq, self.whole_word_mask = max_predictions_per_seq, whole_word_mask
+        self.pad_to_multiple_of = pad_to_multiple_of
+        self.mask_id, self.pad_id = tokenizer.mask_token_id, tokenizer.pad_token_id
+        special = {tokenizer.cls_token_id, tokenizer.sep_token_id, self.pad_id, self.mask_id,
+                   *tokenizer.all_special_ids}
+        vocab = tokenizer.get_vocab()
+        size = max(max(vocab.values()), *special) + 1
+        self.special_ids = torch.tensor(sorted(special), dtype=torch.long)
+        # RANDOM draws exclude special tokens: the reference could put [CLS]/[PAD] mid-sequence.
+        self.random_pool = torch.tensor(sorted(set(vocab.values()) - special), dtype=torch.long)
+        if len(self.random_pool) == 0:
+            raise ValueError("MaskingCollator: the tokenizer's vocabulary has no non-special token")
+        self.is_continuation = torch.zeros(size, dtype=torch.bool)
+        self.is_continuation[[i for t, i in vocab.items() if t.startswith("##")]] = True
+        self.generator = torch.Generator()
+        self.generator.manual_seed(seed if seed is not None else int(torch.randint(2**62, (1,)).item()))
+
+    def pad(self, features: list[dict]) -> dict[str, torch.Tensor]:
+        """Pad a list of examples (input_ids, token_type_ids, optional next_sentence_label, optional labels) to the
+        longest; returns input_ids, token_type_ids, attention_mask (1 = real token), next_sentence_label when given,
+        labels (padded with -100) when given."""
+        lengths = torch.tensor([len(f["input_ids"]) for f in features])
+        length = int(lengths.max())
+        if self.pad_to_multiple_of:
+            length = -(-length // self.pad_to_multiple_of) * self.pad_to_multiple_of
+
+        def stack(key: str, fill: int) -> torch.Tensor:
+            out = torch.full((len(features), length), fill, dtype=torch.long)
+            for row, f in enumerate(features):
+                if key in f:
+                    values = _as_long(f[key])
+                    out[row, : len(values)] = values
+            return out
+
+        batch = {"input_ids": stack("input_ids", self.pad_id), "token_type_ids": stack("token_type_ids", 0),
+                 "attention_mask": (torch.arange(length) < lengths[:, None]).long()}
+        if "next_sentence_label" in features[0]:
+            batch["next_sentence_label"] = torch.tensor([int(f["next_sentence_label"]) for f in features])
+        if "labels" in features[0]:
+            batch["labels"] = stack("labels", IGNORE_INDEX)
+        return batch
+
+    def _counts(self, attention_mask: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
+        """The reference's number of predictions per sequence, capped by the number of candidates."""
+        n = attention_mask.sum(dim=1).double()  # float64 and half-to-even rounding, as Python's round
+        count = torch.round(n * self.mlm_probability).long().clamp(min=1)
+        if self.max_predictions_per_seq is not None:
+            count = count.clamp(max=self.max_predictions_per_seq)
+        return torch.minimum(count, candidates.sum(dim=1))
+
+    def _whole_words(self, input_ids, candidates, counts, generator) -> torch.Tensor:
+        """Pick words in random order, each whole and only if it still fits in the sequence's count."""
+        continuation = self.is_continuation[input_ids.clamp(0, len(self.is_continuation) - 1)] & candidates
+        previous = torch.nn.functional.pad(candidates[:, :-1], (1, 0), value=False)
+        starts = candidates & ~(continuation & previous)  # a `##` piece after a non-candidate starts a word
+        word = torch.cumsum(starts.long(), dim=1) - 1  # word index of each position within its row
+        chosen = torch.zeros_like(candidates)
+        for row in range(input_ids.shape[0]):
+            positions = candidates[row].nonzero().squeeze(1)
+            sizes = torch.bincount(word[row, positions]).tolist() if len(positions) else []
+            budget, picked = int(counts[row]), []
+            for w in torch.randperm(len(sizes), generator=generator).tolist():
+                if budget == 0:
+                    break
+                if sizes[w] <= budget:  # the reference skips a word that would overshoot the count
+                    picked.append(w)
+                    budget -= sizes[w]
+            chosen[row, positions] = torch.isin(word[row, positions], torch.tensor(picked, dtype=torch.long))
+        return chosen
+
+    def mask(self, batch: dict[str, torch.Tensor], generator: torch.Generator | None = None) -> dict[str, torch.Tensor]:
+        """A NEW dict: input_ids with the chosen positions replaced, labels = original id at chosen positions, -100
+        elsewhere; every other key unchanged (attention_mask, token_type_ids, next_sentence_label)."""
+        generator = generator if generator is not None else self.generator
+        input_ids = batch["input_ids"].long()
+        device, shape = input_ids.device, input_ids.shape
+        input_ids = input_ids.cpu()  # draws happen on the generator's device (CPU) so results are reproducible
+        attention_mask = batch.get("attention_mask")
+        attention_mask = (input_ids != self.pad_id) if attention_mask is None else attention_mask.cpu().bool()
+        candidates = attention_mask & ~torch.isin(input_ids, self.special_ids)
+        counts = self._counts(attention_mask, candidates)
+        if self.whole_word_mask:
+            chosen = self._whole_words(input_ids, candidates, counts, generator)
+        else:
+            # Rank random scores with non-candidates last; the `count` best-ranked positions are chosen.
+            scores = torch.rand(shape, generator=generator).masked_fill(~candidates, -1.0)
+            order = scores.argsort(dim=1, descending=True)
+            chosen = torch.zeros_like(candidates).scatter_(1, order, torch.arange(shape[1]) < counts[:, None])
+        # One uniform draw per position decides MASK / RANDOM / SAME (per token, also under whole-word).
+        kind = torch.rand(shape, generator=generator)
+        to_mask = chosen & (kind < self.mask_ratio)
+        to_random = chosen & (kind >= self.mask_ratio) & (kind < self.mask_ratio + self.random_ratio)
+        random_ids = self.random_pool[torch.randint(len(self.random_pool), shape, generator=generator)]
+        masked = input_ids.masked_fill(to_mask, self.mask_id).where(~to_random, random_ids)
+        out = dict(batch)
+        out["input_ids"] = masked.to(device)
+        out["labels"] = input_ids.masked_fill(~chosen, IGNORE_INDEX).to(device)
+        return out
+
+    def __call__(self, features: list[dict]) -> dict[str, torch.Tensor]:
+        """pad, then mask with self.generator — unless the features already carry `labels` (static masks made
+        offline): then only pad."""
+        batch = self.pad(features)
+        return batch if "labels" in batch else self.mask(batch)

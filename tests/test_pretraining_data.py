@@ -1,0 +1,315 @@
+"""Pre-training data: tokenizers, corpus formats, NSP instances, determinism, static masking, errors.
+
+The corpora are written here. In the NSP corpus every sentence is one word repeated, `d<doc>s<sent>`,
+so each token says which document and sentence it came from."""
+
+import json
+import random
+
+import pytest
+from datasets import load_from_disk
+from transformers import AutoTokenizer
+
+from bert_suite.pretraining.instances import (
+    build_pretraining_dataset,
+    detect_format,
+    format_stats,
+    iter_documents,
+    split_sentences,
+    truncated_lengths,
+)
+from bert_suite.pretraining.tokenizer import SPECIAL_TOKENS, load_pretraining_tokenizer, train_tokenizer
+
+IGNORE = -100
+
+
+def write_nsp_corpus(folder, documents: int, sentences: int, seed: int = 0, length: tuple[int, int] = (2, 6)):
+    """A `lines` corpus and a matching vocab.txt; returns (corpus path, vocab path, id -> token)."""
+    rng = random.Random(seed)
+    lines, words = [], []
+    for d in range(documents):
+        for s in range(sentences):
+            word = f"d{d}s{s}"
+            words.append(word)
+            lines.append(" ".join([word] * rng.randint(*length)))
+        lines.append("")
+    corpus = folder / "corpus.txt"
+    corpus.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    vocab = folder / "vocab.txt"
+    tokens = [*SPECIAL_TOKENS, *words]
+    vocab.write_text("\n".join(tokens) + "\n", encoding="utf-8")
+    return corpus, vocab, dict(enumerate(tokens))
+
+
+def where_from(ids, id_to_token):
+    """(doc, sentence) of each token id."""
+    out = []
+    for i in ids:
+        doc, sent = id_to_token[i][1:].split("s")
+        out.append((int(doc), int(sent)))
+    return out
+
+
+def split_pair(example, special):
+    """(A ids, B ids) after checking the layout [CLS] A [SEP] B [SEP] and the segment ids."""
+    ids, types = example["input_ids"], example["token_type_ids"]
+    assert ids[0] == special["[CLS]"] and ids[-1] == special["[SEP]"]
+    first_sep = ids.index(special["[SEP]"])
+    a, b = ids[1:first_sep], ids[first_sep + 1: -1]
+    assert a and b and special["[SEP]"] not in b
+    assert types == [0] * (len(a) + 2) + [1] * (len(b) + 1)
+    return a, b
+
+
+@pytest.fixture(scope="module")
+def nsp_build(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("nsp")
+    corpus, vocab, id_to_token = write_nsp_corpus(folder, documents=60, sentences=12)
+    stats = build_pretraining_dataset([str(corpus)], str(vocab), str(folder / "out"), max_seq_length=32,
+                                      dupe_factor=5, short_seq_prob=0.1, fmt="lines", seed=7)
+    tokenizer = load_pretraining_tokenizer(str(vocab))
+    special = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
+    return load_from_disk(str(folder / "out")), stats, id_to_token, special, folder / "out"
+
+
+def test_nsp_instances_follow_the_reference_layout_and_labels(nsp_build):
+    dataset, stats, id_to_token, special, _ = nsp_build
+    assert len(dataset) > 800
+    not_next = full = 0
+    for example in dataset:
+        assert len(example["input_ids"]) <= 32
+        full += len(example["input_ids"]) == 32
+        a, b = split_pair(example, special)
+        where_a, where_b = where_from(a, id_to_token), where_from(b, id_to_token)
+        doc_a, doc_b = {d for d, _ in where_a}, {d for d, _ in where_b}
+        assert len(doc_a) == 1 and len(doc_b) == 1, "a segment comes from one document"
+        sents_a, sents_b = [s for _, s in where_a], [s for _, s in where_b]
+        assert sents_a == sorted(sents_a) and sents_b == sorted(sents_b), "sentences stay in order"
+        if example["next_sentence_label"] == 1:
+            not_next += 1
+            assert doc_a != doc_b, "a NotNext segment B never comes from A's document"
+        else:
+            assert doc_a == doc_b
+            if len(example["input_ids"]) < 32:  # not truncated: B starts right after A
+                assert sents_b[0] == sents_a[-1] + 1
+            else:
+                assert sents_b[0] > sents_a[-1]
+    assert 0.4 < not_next / len(dataset) < 0.6
+    assert stats["not_next_share"] == pytest.approx(not_next / len(dataset))
+    assert 0 < stats["truncated"] <= full
+
+
+def test_stats_file_matches_the_dataset(nsp_build):
+    dataset, stats, _, _, out = nsp_build
+    saved = json.loads((out / "pretrain_data_stats.json").read_text())
+    assert saved == json.loads(json.dumps(stats))
+    assert saved["instances"] == len(dataset)
+    assert saved["tokens"] == sum(len(ids) for ids in dataset["input_ids"])
+    assert saved["documents"] == 60 and saved["sentences"] == 720 and saved["skipped_empty_documents"] == 0
+    assert saved["dupe_factor"] == 5 and saved["max_seq_length"] == 32 and saved["tokenizer_vocab_size"] == 725
+    assert dataset.features["input_ids"].feature.dtype == "int32"
+    assert dataset.features["token_type_ids"].feature.dtype == "int8"
+    assert "labels" not in dataset.column_names
+    assert "NotNext share" in format_stats(stats)
+
+
+def test_short_target_share_follows_short_seq_prob(nsp_build, tmp_path):
+    _, stats, _, _, _ = nsp_build
+    # 300 document passes at 0.1: the per-document draw lands well inside this band.
+    assert 0.03 < stats["short_target_document_share"] < 0.2
+    assert stats["short_seq_share"] > 0
+    corpus, vocab, _ = write_nsp_corpus(tmp_path, documents=20, sentences=6)
+    never = build_pretraining_dataset([str(corpus)], str(vocab), str(tmp_path / "never"), max_seq_length=64,
+                                      short_seq_prob=0.0, fmt="lines")
+    always = build_pretraining_dataset([str(corpus)], str(vocab), str(tmp_path / "always"), max_seq_length=64,
+                                       short_seq_prob=1.0, fmt="lines")
+    assert never["short_seq_share"] == 0 and always["short_seq_share"] == 1
+    assert always["instances"] > never["instances"]  # shorter targets cut documents into more pairs
+
+
+def test_truncation_lengths_match_the_reference_loop():
+    rng = random.Random(0)
+    for _ in range(2000):
+        a, b, limit = rng.randint(1, 80), rng.randint(1, 80), rng.randint(2, 100)
+        ref_a, ref_b = a, b
+        while ref_a + ref_b > limit:  # the reference: one token at a time from the longer (B on ties)
+            if ref_a > ref_b:
+                ref_a -= 1
+            else:
+                ref_b -= 1
+        assert truncated_lengths(a, b, limit) == (ref_a, ref_b)
+
+
+def test_same_seed_same_data_for_any_num_proc_and_static_masks(tmp_path):
+    corpus, vocab, id_to_token = write_nsp_corpus(tmp_path, documents=20, sentences=8)
+    common = dict(max_seq_length=24, fmt="lines", docs_per_shard=5, static_masking=True)
+    one = build_pretraining_dataset([str(corpus)], str(vocab), str(tmp_path / "one"), num_proc=1, seed=3, **common)
+    two = build_pretraining_dataset([str(corpus)], str(vocab), str(tmp_path / "two"), num_proc=2, seed=3, **common)
+    build_pretraining_dataset([str(corpus)], str(vocab), str(tmp_path / "other"), num_proc=1, seed=4, **common)
+    assert one["shards"] == 4 and one["instances"] == two["instances"]
+    rows = {name: load_from_disk(str(tmp_path / name)).to_dict() for name in ("one", "two", "other")}
+    assert rows["one"] == rows["two"]
+    assert rows["one"] != rows["other"]
+    # NotNext segments are drawn inside a shard (5 documents each here), never across shards.
+    for ids, labels, nsp in zip(rows["one"]["input_ids"], rows["one"]["labels"], rows["one"]["next_sentence_label"],
+                                strict=True):
+        original = [label if label != IGNORE else i for i, label in zip(ids, labels, strict=True)]
+        docs = {d for d, _ in where_from([i for i in original if i >= len(SPECIAL_TOKENS)], id_to_token)}
+        assert len({d // 5 for d in docs}) == 1
+        assert (len(docs) == 2) == (nsp == 1)
+
+
+def test_dupe_factor_repeats_the_corpus_with_new_static_masks(tmp_path):
+    # Two sentences per document and no short targets: IsNext pairs are always "s0 | s1" of a
+    # document, so the same pair appears in every round and the masks can be compared.
+    corpus, vocab, _ = write_nsp_corpus(tmp_path, documents=40, sentences=2, length=(8, 12))
+    tokenizer = load_pretraining_tokenizer(str(vocab))
+    special_ids = {tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
+    common = dict(max_seq_length=32, fmt="lines", short_seq_prob=0.0, static_masking=True)
+    once = build_pretraining_dataset([str(corpus)], tokenizer, str(tmp_path / "once"), dupe_factor=1, **common)
+    thrice = build_pretraining_dataset([str(corpus)], tokenizer, str(tmp_path / "thrice"), dupe_factor=3, **common)
+    assert 2.5 < thrice["instances"] / once["instances"] < 3.5
+    dataset = load_from_disk(str(tmp_path / "thrice"))
+    masks: dict[tuple, list[tuple]] = {}
+    for example in dataset:
+        ids, labels = example["input_ids"], example["labels"]
+        assert len(ids) == len(labels) == len(example["token_type_ids"])
+        predicted = [i for i, label in enumerate(labels) if label != IGNORE]
+        assert 1 <= len(predicted) <= 20
+        assert all(labels[i] not in special_ids for i in predicted), "never [CLS]/[SEP] as a target"
+        original = tuple(label if label != IGNORE else i for i, label in zip(ids, labels, strict=True))
+        if example["next_sentence_label"] == 0:
+            masks.setdefault(original, []).append(tuple(predicted))
+    repeated = [m for m in masks.values() if len(m) >= 2]  # the pair was IsNext in several rounds
+    assert len(repeated) >= 10
+    assert sum(len(set(m)) == len(m) for m in repeated) >= 0.9 * len(repeated), "each round draws new masks"
+
+
+def test_train_tokenizer_saves_a_loadable_wordpiece(tmp_path):
+    text = "The quick brown fox jumps over the lazy dog.\nA Quick Brown Dog naps.\n\nFoxes and dogs play.\n"
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(text * 20, encoding="utf-8")
+    train_tokenizer([str(corpus)], vocab_size=120, lowercase=True, output_dir=str(tmp_path / "uncased"))
+    loaded = AutoTokenizer.from_pretrained(str(tmp_path / "uncased"))
+    assert [loaded.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS] == [0, 1, 2, 3, 4]
+    encoded = loaded("The Quick brown fox.")["input_ids"]
+    assert encoded[0] == 2 and encoded[-1] == 3
+    assert loaded.decode(encoded, skip_special_tokens=True) == "the quick brown fox."
+    pair = loaded("the fox", "the dog")
+    assert pair["token_type_ids"] == [0] * 4 + [1] * 3
+    vocab_lines = (tmp_path / "uncased" / "vocab.txt").read_text(encoding="utf-8").splitlines()
+    assert vocab_lines == sorted(loaded.get_vocab(), key=loaded.get_vocab().get)
+    assert load_pretraining_tokenizer(str(tmp_path / "uncased" / "vocab.txt")).get_vocab() == loaded.get_vocab()
+
+    train_tokenizer([str(corpus)], vocab_size=120, lowercase=False, output_dir=str(tmp_path / "cased"))
+    cased = load_pretraining_tokenizer(str(tmp_path / "cased"))
+    assert cased.decode(cased("The Quick fox.")["input_ids"], skip_special_tokens=True) == "The Quick fox."
+
+
+def test_an_existing_vocab_is_used_as_is(tmp_path):
+    tokens = [*SPECIAL_TOKENS, "hello", "world", "##s", ",", "."]
+    (tmp_path / "vocab.txt").write_text("\n".join(tokens) + "\n", encoding="utf-8")
+    for source in (tmp_path / "vocab.txt", tmp_path):  # the file, or a folder holding only it
+        tokenizer = load_pretraining_tokenizer(str(source))
+        assert tokenizer.get_vocab() == {t: i for i, t in enumerate(tokens)}
+        assert tokenizer("Hello worlds.", add_special_tokens=False)["input_ids"] == [5, 6, 7, 9]
+
+
+def test_errors_name_the_file_and_the_expectation(tmp_path):
+    corpus, vocab, _ = write_nsp_corpus(tmp_path, documents=3, sentences=3)
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    with pytest.raises(ValueError, match="empty.txt: the file is empty"):
+        build_pretraining_dataset([str(corpus), str(empty)], str(vocab), str(tmp_path / "out"), fmt="lines")
+    with pytest.raises(ValueError, match="empty.txt"):
+        train_tokenizer([str(empty)], vocab_size=100, lowercase=True, output_dir=str(tmp_path / "tok"))
+    with pytest.raises(ValueError, match="vocab_size must be at least 6"):
+        train_tokenizer([str(corpus)], vocab_size=5, lowercase=True, output_dir=str(tmp_path / "tok"))
+    single = tmp_path / "single.txt"
+    single.write_text("one sentence.\nanother sentence.\n")
+    with pytest.raises(ValueError, match=r"single\.txt: 1 document\(s\) with text; next-sentence prediction needs "
+                                         "at least two"):
+        build_pretraining_dataset([str(single)], str(vocab), str(tmp_path / "out"), fmt="lines")
+    no_mask = tmp_path / "no_mask" / "vocab.txt"
+    no_mask.parent.mkdir()
+    no_mask.write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\nhello\n")
+    with pytest.raises(ValueError, match=r"no_mask/vocab\.txt: the vocabulary has no \[MASK\] token"):
+        load_pretraining_tokenizer(str(no_mask.parent))
+    with pytest.raises(ValueError, match="max_seq_length must be at least 8"):
+        build_pretraining_dataset([str(corpus)], str(vocab), str(tmp_path / "out"), max_seq_length=7)
+    with pytest.raises(ValueError, match="dupe_factor"):
+        build_pretraining_dataset([str(corpus)], str(vocab), str(tmp_path / "out"), dupe_factor=0)
+    with pytest.raises(ValueError, match="missing.txt: no such file"):
+        build_pretraining_dataset([str(tmp_path / "missing.txt")], str(vocab), str(tmp_path / "out"))
+
+
+LINES_SAMPLE = "The cat sat.\nIt was happy.\nThen it slept.\n\nA new story begins.\nIt ends here!\n"
+RAW_SAMPLE = ("CHAPTER I\n\nIt was a dark night, and Mr. Smith walked\nhome slowly. He met Dr. Jones on\n"
+              "the way. \"Good evening,\" said he.\n\nThe next day came\nwith rain and wind.\n")
+WIKI_SAMPLE = (" = Alpha = \n \n Alpha is a letter . It comes first in the 1 @,@ 000 @-@ year alphabet .\n"
+               " \n = = History = = \n \n Greeks used it . \n \n = Empty = \n \n = Beta = \n \n Beta is second .\n")
+
+
+def test_format_detection_and_reading(tmp_path):
+    samples = {"lines": LINES_SAMPLE, "raw": RAW_SAMPLE, "wikitext": WIKI_SAMPLE}
+    for fmt, text in samples.items():
+        (tmp_path / f"{fmt}.txt").write_text(text, encoding="utf-8")
+        assert detect_format(tmp_path / f"{fmt}.txt") == fmt
+
+    assert list(iter_documents(str(tmp_path / "lines.txt"))) == [
+        ["The cat sat.", "It was happy.", "Then it slept."], ["A new story begins.", "It ends here!"]]
+    # raw: the whole file is one document; wrapped lines are joined, then split into sentences.
+    assert list(iter_documents(str(tmp_path / "raw.txt"))) == [[
+        "CHAPTER I", "It was a dark night, and Mr. Smith walked home slowly.", "He met Dr. Jones on the way.",
+        "\"Good evening,\" said he.", "The next day came with rain and wind."]]
+    counts = {}
+    wiki = list(iter_documents(str(tmp_path / "wikitext.txt"), counts=counts))
+    assert wiki == [["Alpha is a letter .", "It comes first in the 1,000-year alphabet .", "Greeks used it ."],
+                    ["Beta is second ."]]
+    assert counts == {"skipped_empty_documents": 1}  # the article "Empty" has no text
+
+
+def test_sentence_splitter_keeps_abbreviations_and_initials():
+    text = ('Mr. Brown met Dr. Grey at 5 p.m. Sunday. "Is it far?" she asked. They left, e.g. by train, '
+            "i.e. quickly. J. R. R. Tolkien wrote it (in 1937.) 2 copies sold! The U.S. Army came.")
+    assert split_sentences(text) == [
+        "Mr. Brown met Dr. Grey at 5 p.m. Sunday.", '"Is it far?" she asked.',
+        "They left, e.g. by train, i.e. quickly.", "J. R. R. Tolkien wrote it (in 1937.)", "2 copies sold!",
+        "The U.S. Army came."]
+    assert split_sentences("no capital after. this stays together") == ["no capital after. this stays together"]
+
+
+def test_documents_without_tokens_are_skipped_counted_and_reported(tmp_path):
+    corpus, vocab, _ = write_nsp_corpus(tmp_path, documents=6, sentences=3)
+    # Control characters survive reading but the tokenizer's normaliser removes them: an empty
+    # sentence, and a document with nothing but that. With two documents per shard, the first
+    # shard keeps one document and borrows NotNext segments from its neighbour.
+    corpus.write_text("\x01\x02\n\n" + corpus.read_text().replace("d1s1 d1s1", "\x03 \x04\n" + "d1s1 d1s1", 1))
+    stats = build_pretraining_dataset([str(corpus)], str(vocab), str(tmp_path / "out"), fmt="lines",
+                                      docs_per_shard=2)
+    assert stats["documents"] == 6 and stats["skipped_empty_documents"] == 1
+    assert stats["sentences"] == 18 and stats["skipped_empty_sentences"] == 2  # one in each
+    assert "1 empty documents, 2 sentences without tokens" in format_stats(stats)
+    nothing = tmp_path / "nothing.txt"
+    nothing.write_text("\x01\n\n\x02\n\n\x03\n\n\x04\n")
+    for num_proc in (1, 2):  # the worker's error comes through as a ValueError from a worker process too
+        with pytest.raises(ValueError, match=r"nothing\.txt bytes 0-\d+: 0 document\(s\) with tokens"):
+            build_pretraining_dataset([str(nothing)], str(vocab), str(tmp_path / "out"), fmt="lines",
+                                      docs_per_shard=2, num_proc=num_proc)
+
+
+def test_windows_1252_text_is_decoded_and_reported(tmp_path):
+    # Older Project Gutenberg books are Latin-1/Windows-1252, not UTF-8.
+    old = tmp_path / "old.txt"
+    old.write_bytes("Caf\u00e9 society met C\u00e6sar.\nIt rained.\n\nA second story.\nIt ended.\n".encode("cp1252") * 5)
+    assert list(iter_documents(str(old)))[0][:2] == ["Caf\u00e9 society met C\u00e6sar.", "It rained."]
+    tokenizer = train_tokenizer([str(old)], vocab_size=80, lowercase=True, output_dir=str(tmp_path / "tok"),
+                                min_frequency=1)
+    assert "##\u00e6" in tokenizer.get_vocab() or "\u00e6" in tokenizer.get_vocab()
+    stats = build_pretraining_dataset([str(old)], tokenizer, str(tmp_path / "out"), max_seq_length=16)
+    assert stats["not_utf8_files"] == {str(old): "cp1252"} and stats["formats"] == {str(old): "lines"}
+    assert f"not UTF-8, read as cp1252: {old}" in format_stats(stats)
+    binary = tmp_path / "binary.txt"
+    binary.write_bytes(b"\x81\x8d\x8f\x90\x9d text")  # invalid in both UTF-8 and Windows-1252
+    with pytest.raises(ValueError, match=r"binary\.txt: byte 0: invalid start byte: the file is neither UTF-8"):
+        build_pretraining_dataset([str(binary), str(old)], tokenizer, str(tmp_path / "out"))
