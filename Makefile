@@ -46,3 +46,32 @@ GRID_ARGS ?=
 glue: install
 	$(BIN)/bert-suite grid $(TASK) --model $(MODEL) --output_dir $(OUT) \
 		$(if $(DATA_DIR),--data_dir $(DATA_DIR)) $(if $(TOKENIZER),--tokenizer $(TOKENIZER)) $(GRID_ARGS)
+
+# ---- Pre-training (see README "Pre-training") ---------------------------------------------------
+# `make pretrain` runs the tiny config end to end on the embedded corpus (stdlib documentation);
+# PRETRAIN_CONFIG / PRETRAIN_ARGS (key=value overrides) / ACCELERATE_CONFIG choose otherwise.
+PRETRAIN_CONFIG   ?= recipes/configs/pretrain/tiny.yaml
+PRETRAIN_ARGS     ?=
+ACCELERATE_CONFIG ?= recipes/configs/accelerate/cpu.yaml
+CORPUS            ?= runs/corpus/pretrain.txt
+
+.PHONY: pretrain pretrain-data demo
+runs/corpus/pretrain.txt: | install
+	$(BIN)/bert-suite corpus --output_dir runs/corpus
+
+runs/pretrain-tokenizer/vocab.txt: $(CORPUS)
+	$(OFFLINE) $(BIN)/bert-suite tokenizer --input $(CORPUS) --vocab_size 8000 --lowercase --output_dir runs/pretrain-tokenizer
+
+runs/pretrain-data/%/pretrain_data_stats.json: runs/pretrain-tokenizer/vocab.txt
+	$(OFFLINE) $(BIN)/bert-suite pretrain-data --input $(CORPUS) --tokenizer runs/pretrain-tokenizer \
+		--max_seq_length $* --dupe_factor $(if $(filter 128,$*),5,1) --output_dir runs/pretrain-data/$*
+
+pretrain-data: runs/pretrain-data/128/pretrain_data_stats.json runs/pretrain-data/512/pretrain_data_stats.json
+
+pretrain: pretrain-data
+	$(OFFLINE) $(BIN)/accelerate launch --config_file $(ACCELERATE_CONFIG) recipes/pretrain.py \
+		--config $(PRETRAIN_CONFIG) $(PRETRAIN_ARGS)
+
+# The README's first command: corpus -> vocabulary -> pre-training -> fine-tuning grid, offline.
+demo: install
+	$(OFFLINE) $(BIN)/bert-suite demo --output_dir runs/demo

@@ -1,0 +1,288 @@
+"""BERT pre-training (MLM + NSP) with accelerate: two phases, exact resume.
+
+    accelerate launch recipes/pretrain.py --config recipes/configs/pretrain/tiny.yaml [key=value ...]
+    accelerate launch --config_file recipes/configs/accelerate/gpu.yaml recipes/pretrain.py --config ...
+
+Data come from `bert-suite pretrain-data` (phase 1 at length 128, phase 2 at 512). The schedule
+(warmup, linear decay) runs over both phases. Batches are a pure function of the step: the
+order of epoch e is a permutation seeded by (seed, phase, e) and the masks of step s use a
+generator seeded by (seed, s, process, micro-batch), so a run killed at step k and resumed from
+its last checkpoint (accelerate `save_state`, which also restores the dropout RNG) gives the same
+losses as an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import datasets
+import torch
+import torch.nn.functional as F
+from accelerate import Accelerator
+from accelerate.utils import ProjectConfiguration, set_seed
+from tqdm.auto import tqdm
+from transformers import get_linear_schedule_with_warmup
+
+from bert_suite import BertSuiteConfig, BertSuiteForPreTraining
+from bert_suite.pretraining.config import load_pretrain_config
+from bert_suite.pretraining.masking import MaskingCollator
+from bert_suite.pretraining.tokenizer import load_pretraining_tokenizer
+
+COLUMNS = ("input_ids", "token_type_ids", "next_sentence_label")
+
+
+class StepBatches(torch.utils.data.Sampler):
+    """Index lists for steps start, start+1, ...: this process's share of each global batch.
+    Any step's batch is computable without replaying the ones before it (exact resume)."""
+
+    def __init__(self, size, batch_size, accumulation, seed, start, rank, world):
+        self.size, self.batch, self.accumulation, self.seed = size, batch_size, accumulation, seed
+        self.start, self.rank, self.world = start, rank, world
+        self.per_epoch = size // (batch_size * world)
+        if self.per_epoch < 1:
+            raise ValueError(f"{size} instances do not fill one global batch of {batch_size * world}")
+
+    def __iter__(self):
+        micro = self.start * self.accumulation
+        while True:
+            epoch, position = divmod(micro, self.per_epoch)
+            order = torch.randperm(self.size, generator=torch.Generator().manual_seed(self.seed * 100_003 + epoch))
+            first = (position * self.world + self.rank) * self.batch
+            yield order[first: first + self.batch].tolist()
+            micro += 1
+
+
+def load_instances(path: str, max_positions: int, what: str) -> datasets.Dataset:
+    try:
+        data = datasets.load_from_disk(path)
+    except (FileNotFoundError, ValueError) as err:
+        raise SystemExit(f"{what} {path}: not a dataset written by `bert-suite pretrain-data` ({err})") from None
+    missing = [c for c in COLUMNS if c not in data.column_names]
+    if missing:
+        raise SystemExit(f"{what} {path}: missing columns {missing}; rebuild it with `bert-suite pretrain-data`")
+    stats = Path(path) / "pretrain_data_stats.json"
+    length = json.loads(stats.read_text()).get("max_seq_length") if stats.is_file() else None
+    if length and length > max_positions:
+        raise SystemExit(f"{what} {path}: max_seq_length {length} exceeds the model's {max_positions} positions")
+    return data
+
+
+def as_features(rows: dict) -> list[dict]:
+    """A datasets slice (column -> values) as the list of examples a collator takes."""
+    return [dict(zip(rows, values, strict=True)) for values in zip(*rows.values(), strict=True)]
+
+
+def batches(data, collator, cfg, phase, start, accelerator, batch_size):
+    sampler = StepBatches(len(data), batch_size, cfg.gradient_accumulation_steps, cfg.seed + 7919 * phase,
+                          start, accelerator.process_index, accelerator.num_processes)
+    table = data.select_columns([c for c in (*COLUMNS, "labels") if c in data.column_names])
+
+    def collate(indices):
+        rows = table[indices]
+        return collator.pad(as_features(rows))
+
+    # Its own generator: creating an iterator must not draw from the global RNG (dropout's), or a
+    # resumed run, which creates it at a different step, would see different dropout masks.
+    loader = torch.utils.data.DataLoader(range(len(data)), batch_sampler=sampler, collate_fn=collate,
+                                         num_workers=cfg.dataloader_num_workers, generator=torch.Generator())
+    return iter(loader)
+
+
+def step_masks(collator, batch, seed, step, rank, micro):
+    if "labels" in batch:  # static masks from pretrain-data
+        return batch
+    generator = torch.Generator().manual_seed(((seed * 1_000_003 + step) * 1009 + rank) * 17 + micro)
+    return collator.mask(batch, generator)
+
+
+def losses(out, batch):
+    """MLM loss/accuracy over masked positions and NSP loss/accuracy, for logging."""
+    labels = batch["labels"]
+    chosen = labels != -100
+    logits = out.prediction_logits.float()  # masked positions only (masked_positions_only=True)
+    stats = {"mlm_loss": F.cross_entropy(logits, labels[chosen], reduction="sum").item(),
+             "mlm_correct": (logits.argmax(-1) == labels[chosen]).sum().item(), "mlm_count": chosen.sum().item()}
+    if out.seq_relationship_logits is not None:
+        nsp = out.seq_relationship_logits.float()
+        target = batch["next_sentence_label"].view(-1)
+        stats.update(nsp_loss=F.cross_entropy(nsp, target, reduction="sum").item(),
+                     nsp_correct=(nsp.argmax(-1) == target).sum().item(), nsp_count=len(target))
+    return stats
+
+
+def summarise(totals: dict) -> dict:
+    result = {}
+    if totals.get("mlm_count"):
+        result["mlm_loss"] = totals["mlm_loss"] / totals["mlm_count"]
+        result["mlm_accuracy"] = totals["mlm_correct"] / totals["mlm_count"]
+        result["mlm_perplexity"] = math.exp(min(result["mlm_loss"], 50))
+    if totals.get("nsp_count"):
+        result["nsp_loss"] = totals["nsp_loss"] / totals["nsp_count"]
+        result["nsp_accuracy"] = totals["nsp_correct"] / totals["nsp_count"]
+    return result
+
+
+def add(totals, stats):
+    for key, value in stats.items():
+        totals[key] = totals.get(key, 0) + value
+
+
+@torch.no_grad()
+def evaluate(model, eval_data, collator, cfg, accelerator):
+    """Held-out MLM perplexity and NSP accuracy, with the same masks at every evaluation."""
+    model.eval()
+    totals = {}
+    size = cfg.per_device_eval_batch_size
+    for number in range(min(cfg.eval_batches, math.ceil(len(eval_data) / size))):
+        rows = eval_data.select_columns([c for c in (*COLUMNS, "labels") if c in eval_data.column_names])
+        rows = rows[number * size: (number + 1) * size]
+        batch = collator.pad(as_features(rows))
+        batch = step_masks(collator, batch, cfg.seed, -1, 0, number)
+        batch = {k: v.to(accelerator.device) for k, v in batch.items()}
+        add(totals, losses(model(**batch, masked_positions_only=True), batch))
+    model.train()
+    return {f"eval_{k}": v for k, v in summarise(totals).items()}
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", help="recipes/configs/pretrain/<name>.yaml")
+    parser.add_argument("overrides", nargs="*", help="key=value, e.g. max_steps=200 output_dir=runs/x")
+    args = parser.parse_args(argv)
+    try:
+        cfg = load_pretrain_config(args.config, args.overrides)
+    except ValueError as err:
+        raise SystemExit(f"pretrain: error: {err}") from None
+    out = Path(cfg.output_dir)
+    report_to = None if cfg.report_to == "none" else cfg.report_to
+    accelerator = Accelerator(mixed_precision=cfg.mixed_precision, log_with=report_to,
+                              gradient_accumulation_steps=cfg.gradient_accumulation_steps,
+                              project_config=ProjectConfiguration(project_dir=str(out), logging_dir=str(out / "logs")))
+    set_seed(cfg.seed)
+    tokenizer = load_pretraining_tokenizer(cfg.tokenizer)
+    if cfg.init_from:
+        model = BertSuiteForPreTraining.from_pretrained(cfg.init_from)
+    else:
+        model = BertSuiteForPreTraining(BertSuiteConfig.from_preset(
+            cfg.model_size, vocab_size=len(tokenizer), use_nsp=cfg.use_nsp, causal_attention=cfg.causal_attention))
+    positions = model.config.max_position_embeddings
+    phase_data = [load_instances(cfg.train_data, positions, "train_data")]
+    if cfg.train_data_phase2:
+        phase_data.append(load_instances(cfg.train_data_phase2, positions, "train_data_phase2"))
+    if cfg.eval_data:
+        eval_data = load_instances(cfg.eval_data, positions, "eval_data")
+    elif cfg.eval_fraction > 0:
+        split = phase_data[0].train_test_split(test_size=cfg.eval_fraction, seed=cfg.seed)
+        phase_data[0], eval_data = split["train"], split["test"]
+    else:
+        eval_data = None
+    collators = [MaskingCollator(tokenizer, cfg.mlm_probability, cfg.mask_ratio, cfg.random_ratio, cap,
+                                 cfg.whole_word_mask) for cap in (cfg.max_predictions_per_seq,
+                                                                  cfg.max_predictions_per_seq_phase2)]
+
+    no_decay = ("bias", "LayerNorm.weight", "LayerNorm.bias")  # the paper: no weight decay on these
+    groups = [{"params": [p for n, p in model.named_parameters() if not n.endswith(no_decay)],
+               "weight_decay": cfg.weight_decay},
+              {"params": [p for n, p in model.named_parameters() if n.endswith(no_decay)], "weight_decay": 0.0}]
+    optimizer = torch.optim.AdamW(groups, lr=cfg.learning_rate, betas=(cfg.adam_beta1, cfg.adam_beta2),
+                                  eps=cfg.adam_epsilon)
+    # One schedule over both phases; not passed to prepare(), which would step it once per process.
+    scheduler = get_linear_schedule_with_warmup(optimizer, cfg.warmup_steps, cfg.max_steps)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    accelerator.register_for_checkpointing(scheduler)
+
+    step = 0
+    checkpoints = out / "checkpoints"
+    if cfg.resume_from_checkpoint:
+        found = [Path(cfg.resume_from_checkpoint)] if cfg.resume_from_checkpoint != "auto" else sorted(
+            (p for p in checkpoints.glob("step-*") if (p / "progress.json").is_file()), key=lambda p: int(p.name[5:]))
+        if found:
+            accelerator.load_state(str(found[-1]))
+            step = json.loads((found[-1] / "progress.json").read_text())["step"]
+            accelerator.print(f"resumed from {found[-1]} at step {step}")
+    if accelerator.is_main_process:
+        out.mkdir(parents=True, exist_ok=True)
+        if step == 0:  # a fresh start: no curve left over from an earlier run in this folder
+            (out / "metrics.jsonl").unlink(missing_ok=True)
+    if report_to:
+        accelerator.init_trackers("pretrain", config={k: v for k, v in vars(cfg).items() if k != "extra"})
+
+    bar = tqdm(total=cfg.max_steps, initial=step, desc="pre-training", disable=not accelerator.is_local_main_process)
+    history, totals, tokens, started = [], {}, 0, time.time()
+    phase, stream = None, None
+    model.train()
+    while step < cfg.max_steps:
+        current = 0 if step < cfg.phase1_steps else 1
+        if current != phase:
+            phase = current
+            size = cfg.per_device_train_batch_size if phase == 0 else \
+                (cfg.per_device_train_batch_size_phase2 or cfg.per_device_train_batch_size)
+            start = step if phase == 0 else step - cfg.phase1_steps
+            stream = batches(phase_data[phase], collators[phase], cfg, phase, start, accelerator, size)
+        for micro in range(cfg.gradient_accumulation_steps):
+            batch = step_masks(collators[phase], next(stream), cfg.seed, step, accelerator.process_index, micro)
+            batch = {k: v.to(accelerator.device) for k, v in batch.items()}
+            with accelerator.accumulate(model):
+                out_ = model(**batch, masked_positions_only=True)
+                accelerator.backward(out_.loss)
+                if accelerator.sync_gradients:
+                    accelerator.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+                optimizer.step()
+                optimizer.zero_grad()
+            add(totals, losses(out_, batch))
+            tokens += int(batch["attention_mask"].sum()) * accelerator.num_processes
+        scheduler.step()
+        step += 1
+        bar.update(1)
+        if step % cfg.logging_steps == 0 or step == cfg.max_steps:
+            elapsed = time.time() - started
+            logs = {**summarise(totals), "learning_rate": scheduler.get_last_lr()[0], "phase": phase + 1,
+                    "tokens_per_second": tokens / max(elapsed, 1e-9), "step": step}
+            totals, tokens, started = {}, 0, time.time()
+            if eval_data is not None and (step % cfg.eval_steps == 0 or step == cfg.max_steps):
+                logs.update(evaluate(model, eval_data, collators[0], cfg, accelerator))
+            bar.set_postfix({k: f"{logs[k]:.3g}" for k in ("mlm_loss", "nsp_accuracy") if k in logs})
+            history.append(logs)
+            accelerator.log(logs, step=step)
+            if accelerator.is_main_process:
+                with open(out / "metrics.jsonl", "a") as f:
+                    f.write(json.dumps(logs) + "\n")
+        if step % cfg.save_steps == 0 and step < cfg.max_steps:
+            save_checkpoint(accelerator, checkpoints, step, cfg.save_total_limit)
+    bar.close()
+
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        final = out / "final"
+        accelerator.unwrap_model(model).save_pretrained(final)
+        tokenizer.save_pretrained(final)
+        results = {"step": step, "config": vars(cfg), **(history[-1] if history else {})}
+        (out / "pretrain_results.json").write_text(json.dumps(results, indent=2, default=str))
+        accelerator.print(f"saved {final}: " + ", ".join(f"{k} {v:.4g}" for k, v in (history or [{}])[-1].items()))
+        if cfg.push_to_hub:
+            from bert_suite.hub import pretraining_card, push_to_hub
+
+            (final / "README.md").write_text(pretraining_card(cfg.hub_model_id, results))
+            accelerator.print(f"pushed to {push_to_hub(final, cfg.hub_model_id)}")
+    accelerator.end_training()
+    return history
+
+
+def save_checkpoint(accelerator, checkpoints: Path, step: int, keep: int) -> None:
+    target = checkpoints / f"step-{step}"
+    accelerator.save_state(str(target))
+    if accelerator.is_main_process:
+        (target / "progress.json").write_text(json.dumps({"step": step}))
+        for old in sorted(checkpoints.glob("step-*"), key=lambda p: int(p.name[5:]))[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
+    accelerator.wait_for_everyone()
+
+
+if __name__ == "__main__":
+    sys.exit(0 if main() is not None else 1)

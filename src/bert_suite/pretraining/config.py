@@ -1,0 +1,186 @@
+"""The pre-training recipe's configuration: one flat, typed dataclass read from YAML plus
+`key=value` overrides. An unknown key, a wrong type or an impossible value is an error naming
+the file and the key (house rule 4); the recipe reads every field, so none is decorative."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from ..configuration_bert_suite import PRESETS
+
+
+class PretrainConfigError(ValueError):
+    """A recipe config that cannot be used; the message names the file and the key."""
+
+
+@dataclass
+class PretrainConfig:
+    # --- data: `bert-suite pretrain-data` outputs (phase 1 at length 128, phase 2 at 512)
+    train_data: str = ""
+    train_data_phase2: str | None = None
+    eval_data: str | None = None  # held-out instances; default: eval_fraction split off train_data
+    eval_fraction: float = 0.01
+    tokenizer: str = ""  # tokenizer folder or vocab.txt; saved with the final checkpoint
+    # --- model: a size preset (PAPER.md) and the Table 5 ablation switches
+    model_size: str = "tiny"
+    use_nsp: bool = True  # False: Table 5 "No NSP"
+    causal_attention: bool = False  # True (with use_nsp False): Table 5 "LTR & No NSP"
+    init_from: str | None = None  # start from a checkpoint instead of random weights
+    # --- masking (Table 8 mixes: mask_ratio / random_ratio, the rest unchanged)
+    mlm_probability: float = 0.15
+    mask_ratio: float = 0.8
+    random_ratio: float = 0.1
+    max_predictions_per_seq: int = 20
+    max_predictions_per_seq_phase2: int = 80
+    whole_word_mask: bool = False
+    # --- optimisation (the paper's: Adam 1e-4, betas 0.9/0.999, wd 0.01, warmup 10k, linear decay)
+    learning_rate: float = 1e-4
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    adam_epsilon: float = 1e-6
+    weight_decay: float = 0.01
+    warmup_steps: int = 10_000
+    max_steps: int = 1_000_000  # optimizer steps over both phases
+    phase1_fraction: float = 0.9  # share of max_steps at phase 1's length
+    per_device_train_batch_size: int = 256
+    per_device_train_batch_size_phase2: int | None = None  # default: same as phase 1
+    gradient_accumulation_steps: int = 1
+    max_grad_norm: float = 1.0
+    mixed_precision: str = "no"  # no, fp16, bf16 (accelerate's names)
+    # --- bookkeeping
+    output_dir: str = "runs/pretrain"
+    seed: int = 42
+    logging_steps: int = 100
+    eval_steps: int = 1000
+    eval_batches: int = 20
+    per_device_eval_batch_size: int = 64
+    save_steps: int = 1000
+    save_total_limit: int = 2
+    resume_from_checkpoint: str | None = "auto"  # auto: latest in output_dir/checkpoints; null: start over
+    report_to: str = "tensorboard"  # tensorboard, none, or any accelerate tracker name
+    dataloader_num_workers: int = 0
+    push_to_hub: bool = False
+    hub_model_id: str | None = None
+    extra: dict = field(default_factory=dict)  # free-form notes copied into the results (e.g. table name)
+
+    @property
+    def phase1_steps(self) -> int:
+        return self.max_steps if not self.train_data_phase2 else math.ceil(self.max_steps * self.phase1_fraction)
+
+
+_FIELDS = {f.name: f for f in dataclasses.fields(PretrainConfig)}
+_HINTS = typing.get_type_hints(PretrainConfig)
+
+
+def _coerce(source: str, key: str, value):
+    """Check (and, for command-line strings, convert) `value` against the field's type."""
+    hint = _HINTS[key]
+    options = typing.get_args(hint) or (hint,)
+    if value is None:
+        if type(None) in options:
+            return None
+        raise PretrainConfigError(f"{source}: {key} cannot be null")
+    for kind in options:
+        if kind is type(None):
+            continue
+        if kind is bool:
+            if isinstance(value, bool):
+                return value
+            if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
+                return value.lower() in ("true", "1", "yes")
+        elif kind is int:
+            if isinstance(value, int) and not isinstance(value, bool):
+                return value
+            if isinstance(value, str) and value.lstrip("-").isdigit():
+                return int(value)
+            if isinstance(value, float) and value.is_integer():
+                return int(value)
+        elif kind is float:
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                return float(value)
+            try:
+                return float(value)
+            except (TypeError, ValueError):
+                pass
+        elif kind is str:
+            if isinstance(value, str):
+                return value
+        elif kind is dict:
+            if isinstance(value, dict):
+                return value
+    names = " or ".join("null" if k is type(None) else k.__name__ for k in options)
+    raise PretrainConfigError(f"{source}: {key} must be {names}, got {type(value).__name__} {value!r}")
+
+
+def load_pretrain_config(path: str | None, overrides: list[str] = ()) -> PretrainConfig:
+    """Read a YAML config (or none) and apply `key=value` overrides (strings from the command line;
+    `null` means None)."""
+    values: dict = {}
+    if path:
+        try:
+            loaded = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+        except (OSError, yaml.YAMLError) as err:
+            raise PretrainConfigError(f"{path}: cannot read the config ({err})") from None
+        if not isinstance(loaded, dict):
+            raise PretrainConfigError(f"{path}: a config is a mapping of keys to values")
+        for key, value in loaded.items():
+            values[key] = (path, value)
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise PretrainConfigError(f"override {item!r}: expected key=value")
+        values[key.strip()] = (f"override {item!r}", None if value.strip() in ("null", "None") else value.strip())
+    config = {}
+    for key, (source, value) in values.items():
+        if key not in _FIELDS:
+            close = sorted(k for k in _FIELDS if k[:4] == key[:4])
+            raise PretrainConfigError(f"{source}: unknown key {key!r}; the recipe reads "
+                                      + (f"(did you mean {', '.join(close)}?)" if close else ", ".join(_FIELDS)))
+        config[key] = _coerce(source, key, value)
+    return validate(PretrainConfig(**config), path or "<overrides>")
+
+
+def validate(cfg: PretrainConfig, source: str) -> PretrainConfig:
+    def bad(key, why):
+        raise PretrainConfigError(f"{source}: {key} {why} (got {getattr(cfg, key)!r})")
+
+    if not cfg.train_data:
+        bad("train_data", "is required: a folder written by `bert-suite pretrain-data`")
+    if not cfg.tokenizer:
+        bad("tokenizer", "is required: the tokenizer folder or vocab.txt the data was made with")
+    if cfg.model_size not in PRESETS:
+        bad("model_size", f"must be one of {', '.join(PRESETS)}")
+    for key in ("max_steps", "per_device_train_batch_size", "gradient_accumulation_steps", "logging_steps",
+                "eval_steps", "save_steps", "eval_batches", "per_device_eval_batch_size", "max_predictions_per_seq",
+                "max_predictions_per_seq_phase2"):
+        if getattr(cfg, key) < 1:
+            bad(key, "must be at least 1")
+    if cfg.warmup_steps < 0 or cfg.warmup_steps > cfg.max_steps:
+        bad("warmup_steps", f"must be between 0 and max_steps ({cfg.max_steps})")
+    if not 0 < cfg.phase1_fraction <= 1:
+        bad("phase1_fraction", "must be in (0, 1]")
+    if cfg.phase1_fraction < 1 and not cfg.train_data_phase2:
+        bad("phase1_fraction", "is below 1 but train_data_phase2 (the length-512 data) is not set; "
+                               "set it, or phase1_fraction=1")
+    if not 0 < cfg.mlm_probability <= 1:
+        bad("mlm_probability", "must be in (0, 1]")
+    if min(cfg.mask_ratio, cfg.random_ratio) < 0 or cfg.mask_ratio + cfg.random_ratio > 1:
+        bad("mask_ratio", "and random_ratio must be >= 0 with a sum <= 1")
+    if not 0 <= cfg.eval_fraction < 1:
+        bad("eval_fraction", "must be in [0, 1)")
+    if cfg.mixed_precision not in ("no", "fp16", "bf16"):
+        bad("mixed_precision", "must be no, fp16 or bf16")
+    if cfg.learning_rate <= 0:
+        bad("learning_rate", "must be positive")
+    if cfg.push_to_hub and not cfg.hub_model_id:
+        bad("hub_model_id", "is required with push_to_hub")
+    if cfg.causal_attention and cfg.use_nsp:
+        # The paper's LTR model has no NSP; a causal encoder's [CLS] sees only itself.
+        bad("use_nsp", "must be false with causal_attention (the paper's LTR & No NSP)")
+    return cfg
