@@ -1,0 +1,165 @@
+"""`make demo`: the whole paper in miniature, offline, on any machine with Python.
+
+embedded corpus (stdlib documentation) -> WordPiece vocabulary -> NSP instances (128 and 512)
+-> `accelerate launch recipes/pretrain.py` (tiny, two phases) -> fine-tuning grid on an embedded
+task built from documents the model never saw -> pre-trained vs randomly initialised, with the
+pre-training curves as plots.
+
+The task (`tasks/demo/doc-next.yaml`): given two sentences from the held-out modules' docs, is
+the second the sentence that follows the first in the same module ("next"), or one drawn from
+another module ("random")? It needs a sense of topic and discourse that pre-training on the
+other modules can give and a few thousand labelled pairs cannot.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from .report import atomic_write_text
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _documents(path: Path) -> list[list[str]]:
+    docs, current = [], []
+    for line in path.read_text(encoding="utf-8").splitlines() + [""]:
+        if line.strip():
+            current.append(" ".join(line.split()))  # no tabs: the task files are TSV
+        elif current:
+            docs.append(current)
+            current = []
+    return docs
+
+
+def build_task(heldout: Path, out: Path, seed: int = 0, max_pairs_per_doc: int = 40) -> dict:
+    """train/dev/test TSVs (RTE layout) of the doc-next task; documents never cross splits."""
+    docs = [d for d in _documents(heldout) if len(d) >= 2]
+    rng = random.Random(seed)
+    rng.shuffle(docs)
+    cut1, cut2 = int(0.7 * len(docs)), int(0.85 * len(docs))
+    counts = {}
+    out.mkdir(parents=True, exist_ok=True)
+    for name, part in (("train", docs[:cut1]), ("dev", docs[cut1:cut2]), ("test", docs[cut2:])):
+        rows = []
+        for d, doc in enumerate(part):
+            starts = rng.sample(range(len(doc) - 1), min(max_pairs_per_doc, len(doc) - 1))
+            for i in starts:
+                if rng.random() < 0.5:
+                    rows.append((doc[i], doc[i + 1], "next"))
+                else:
+                    other = part[(d + rng.randrange(1, len(part))) % len(part)]
+                    rows.append((doc[i], rng.choice(other), "random"))
+        rng.shuffle(rows)
+        labelled = name != "test"
+        header = "index\tsentence1\tsentence2" + ("\tlabel" if labelled else "")
+        lines = [f"{i}\t{a}\t{b}" + (f"\t{label}" if labelled else "") for i, (a, b, label) in enumerate(rows)]
+        atomic_write_text(out / f"{name}.tsv", header + "\n" + "\n".join(lines) + "\n")
+        counts[name] = len(rows)
+    return counts
+
+
+def _run(command: list[str], log: Path) -> None:
+    """A step as a subprocess (as a user would run it); its output goes to a log, named on failure."""
+    with open(log, "w") as f:
+        done = subprocess.run(command, stdout=f, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    if done.returncode:
+        tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
+        raise RuntimeError(f"step failed ({' '.join(command)}); see {log}:\n{tail}")
+
+
+def plot_pretraining(metrics_file: Path, out: Path) -> Path:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    rows = [json.loads(line) for line in metrics_file.read_text().splitlines() if line.strip()]
+    fig = Figure(figsize=(11, 3.2), layout="constrained")
+    FigureCanvasAgg(fig)
+    panels = (("mlm_loss", "eval_mlm_loss", "MLM loss"), ("nsp_accuracy", "eval_nsp_accuracy", "NSP accuracy"),
+              ("mlm_accuracy", "eval_mlm_accuracy", "MLM accuracy"))
+    for n, (train_key, eval_key, title) in enumerate(panels, start=1):
+        ax = fig.add_subplot(1, 3, n)
+        for key, label in ((train_key, "train"), (eval_key, "held-out")):
+            points = [(r["step"], r[key]) for r in rows if key in r]
+            if points:
+                ax.plot(*zip(*points, strict=True), marker="o" if label == "held-out" else None, label=label)
+        ax.set(title=title, xlabel="step")
+        ax.legend()
+    fig.savefig(out, format="png", dpi=100)
+    return out
+
+
+def run_demo(output_dir: str = "runs/demo", max_steps: int | None = None, vocab_size: int = 8000) -> str:
+    from .cards import load_card
+    from .grid import run_grid, search_space
+    from .pretraining.corpus import build_embedded_corpus
+    from .pretraining.instances import build_pretraining_dataset, format_stats
+    from .pretraining.tokenizer import train_tokenizer
+
+    out = Path(output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.time()
+    timings = {}
+
+    def step(name):
+        timings[name] = time.time() - started - sum(timings.values())
+        print(f"[demo] {name} done ({timings[name]:.0f} s)", flush=True)
+
+    corpus = build_embedded_corpus(out / "corpus")
+    print(f"[demo] corpus: {corpus}")
+    step("corpus")
+    train_tokenizer([str(out / "corpus" / "pretrain.txt")], vocab_size, True, str(out / "tokenizer"))
+    step("tokenizer")
+    for length in (128, 512):
+        stats = build_pretraining_dataset([str(out / "corpus" / "pretrain.txt")], str(out / "tokenizer"),
+                                          str(out / "data" / str(length)), max_seq_length=length,
+                                          dupe_factor=5 if length == 128 else 1)
+        print(format_stats(stats))
+    step("instances")
+    recipe = REPO / "recipes" / "pretrain.py"
+    if not recipe.is_file():
+        raise RuntimeError(f"{recipe} not found: run the demo from a bert_suite checkout (make demo)")
+    overrides = [f"train_data={out / 'data' / '128'}", f"train_data_phase2={out / 'data' / '512'}",
+                 f"tokenizer={out / 'tokenizer'}", f"output_dir={out / 'pretrain'}", "report_to=none"]
+    if max_steps:
+        overrides += [f"max_steps={max_steps}", f"warmup_steps={max(1, max_steps // 10)}"]
+    _run([sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+          str(REPO / "recipes" / "configs" / "accelerate" / "cpu.yaml"), str(recipe),
+          "--config", str(REPO / "recipes" / "configs" / "pretrain" / "tiny.yaml"), *overrides], out / "pretrain.log")
+    pretrain = json.loads((out / "pretrain" / "pretrain_results.json").read_text())
+    plot = plot_pretraining(out / "pretrain" / "metrics.jsonl", out / "pretraining_curves.png")
+    step("pre-training")
+
+    task = build_task(out / "corpus" / "heldout.txt", out / "task")
+    card = load_card("doc-next")
+    space = search_space(card)
+    results = {}
+    for label, model, tokenizer in (("pre-trained", str(out / "pretrain" / "final"), None),
+                                    ("random init", "preset:tiny", str(out / "tokenizer"))):
+        grid = run_grid(card, model, str(out / f"grid-{label.split()[0]}"), str(out / "task"), tokenizer,
+                        space=space, overrides={"disable_tqdm": True})
+        results[label] = grid["best"]["metrics"]["eval_accuracy"]
+    step("fine-tuning")
+
+    table = "\n".join([
+        "# bert_suite demo: pre-trained vs randomly initialised (tiny, L2/H128)", "",
+        f"Embedded corpus: {corpus['pretrain_documents']} stdlib modules/topics, {corpus['pretrain_sentences']} "
+        f"sentences; task: doc-next on {corpus['heldout_documents']} held-out documents "
+        f"(train {task['train']}, dev {task['dev']} pairs; chance 50%).", "",
+        "| model | doc-next dev accuracy (best of grid) |", "|---|---:|",
+        *(f"| {k} | {100 * v:.1f} |" for k, v in results.items()), "",
+        f"Pre-training: {pretrain['step']} steps; held-out MLM perplexity "
+        f"{pretrain.get('eval_mlm_perplexity', float('nan')):.1f}, NSP accuracy "
+        f"{100 * pretrain.get('eval_nsp_accuracy', float('nan')):.1f}%. Curves: {plot}", "",
+        "Time: " + ", ".join(f"{k} {v:.0f} s" for k, v in timings.items()) + f"; total {time.time() - started:.0f} s.",
+    ])
+    atomic_write_text(out / "demo_results.md", table + "\n")
+    atomic_write_text(out / "demo_results.json", json.dumps({"dev_accuracy": results, "pretraining": pretrain,
+                                                              "task": task, "corpus": corpus, "timings": timings},
+                                                             indent=2, default=str))
+    return table

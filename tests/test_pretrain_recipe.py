@@ -1,0 +1,218 @@
+"""The pre-training recipe: config validation, learning, exact resume, and a checkpoint that
+fine-tunes; plus the embedded corpus and the demo task."""
+
+import importlib.util
+import json
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from bert_suite.pretraining.config import PretrainConfigError, load_pretrain_config
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def load_recipe():
+    spec = importlib.util.spec_from_file_location("pretrain_recipe", REPO / "recipes" / "pretrain.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# -------------------------------------------------------------------------------------- config
+
+
+def test_config_errors_name_the_key_and_the_file(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("train_data: d\ntokenizer: t\nlearning_rte: 1e-4\n")
+    with pytest.raises(PretrainConfigError, match=r"c.yaml: unknown key 'learning_rte'.*learning_rate"):
+        load_pretrain_config(str(path))
+    path.write_text("train_data: d\ntokenizer: t\nmax_steps: many\n")
+    with pytest.raises(PretrainConfigError, match=r"c.yaml: max_steps must be int"):
+        load_pretrain_config(str(path))
+    with pytest.raises(PretrainConfigError, match="train_data_phase2"):
+        load_pretrain_config(None, ["train_data=d", "tokenizer=t", "phase1_fraction=0.9"])
+    with pytest.raises(PretrainConfigError, match="mask_ratio"):
+        load_pretrain_config(None, ["train_data=d", "tokenizer=t", "phase1_fraction=1", "mask_ratio=0.9",
+                                    "random_ratio=0.2"])
+    with pytest.raises(PretrainConfigError, match="expected key=value"):
+        load_pretrain_config(None, ["max_steps"])
+
+
+def test_every_shipped_config_loads_and_overrides_are_typed():
+    configs = sorted((REPO / "recipes" / "configs" / "pretrain").glob("*.yaml"))
+    assert {c.stem for c in configs} >= {"tiny", "mini", "small", "medium", "base", "large", "table5-no-nsp",
+                                         "table5-ltr-no-nsp", "table8-mask-100-0-0"}
+    for config in configs:
+        load_pretrain_config(str(config))
+    base = load_pretrain_config(str(REPO / "recipes/configs/pretrain/base.yaml"), ["max_steps=10", "warmup_steps=1", "use_nsp=false"])
+    assert base.max_steps == 10 and base.use_nsp is False and base.learning_rate == 1e-4
+    assert base.phase1_steps == 9  # 90% at length 128
+    mix = load_pretrain_config(str(REPO / "recipes/configs/pretrain/table8-mask-0-20-80.yaml"))
+    assert (mix.mask_ratio, mix.random_ratio) == (0.0, 0.8)  # MASK 0, SAME 20, RND 80
+
+
+# ------------------------------------------------------------------------------------- recipe
+
+WORDS = "apple berry cherry grape lemon mango olive peach".split()
+
+
+@pytest.fixture(scope="module")
+def pretrain_setup(tmp_path_factory):
+    """A corpus where documents have their own topic words, its vocabulary and NSP instances."""
+    from bert_suite.pretraining.instances import build_pretraining_dataset
+
+    tmp = tmp_path_factory.mktemp("pretrain")
+    rng = random.Random(0)
+    topics = [WORDS[i: i + 3] for i in range(0, 6)]
+    docs = []
+    for d in range(60):
+        topic = topics[d % len(topics)]
+        docs.append("\n".join(" ".join(rng.choice(topic) for _ in range(rng.randint(3, 8))) + " ." for _ in range(6)))
+    (tmp / "corpus.txt").write_text("\n\n".join(docs) + "\n")
+    (tmp / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", ".", *WORDS]) + "\n")
+    for length in (32, 64):
+        build_pretraining_dataset([str(tmp / "corpus.txt")], str(tmp / "vocab.txt"), str(tmp / f"data{length}"),
+                                  max_seq_length=length, dupe_factor=3, fmt="lines")
+    return tmp
+
+
+def recipe_args(setup: Path, out: Path, *extra: str) -> list[str]:
+    return ["train_data=" + str(setup / "data32"), "train_data_phase2=" + str(setup / "data64"),
+            "tokenizer=" + str(setup / "vocab.txt"), "output_dir=" + str(out), "model_size=tiny",
+            "learning_rate=0.003", "warmup_steps=2", "per_device_train_batch_size=16",
+            "per_device_train_batch_size_phase2=8", "report_to=none", "logging_steps=1", "eval_steps=1000",
+            "eval_batches=2", "max_predictions_per_seq=5", "max_predictions_per_seq_phase2=10", *extra]
+
+
+def fresh_state():
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+
+
+def test_recipe_learns_and_saves_a_checkpoint_that_fine_tunes(pretrain_setup, tmp_path):
+    recipe = load_recipe()
+    fresh_state()
+    out = tmp_path / "run"
+    history = recipe.main(["--config", str(REPO / "recipes/configs/pretrain/tiny.yaml"),
+                           *recipe_args(pretrain_setup, out, "max_steps=60", "phase1_fraction=0.9", "save_steps=1000")])
+    first, last = history[0], history[-1]
+    assert last["step"] == 60 and last["phase"] == 2 and history[53]["phase"] == 1  # 54 steps at 32, 6 at 64
+    assert last["mlm_loss"] < first["mlm_loss"] - 0.5  # the vocabulary is 13 tokens: ln 13 = 2.56 at the start
+    assert last["eval_nsp_accuracy"] > 0.6 and "eval_mlm_perplexity" in last and last["tokens_per_second"] > 0
+    final = out / "final"
+    assert (final / "model.safetensors").is_file() and (final / "tokenizer_config.json").is_file()
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    assert len(lines) == 60 and json.loads(lines[-1])["learning_rate"] == pytest.approx(0.0, abs=1e-9)
+
+    # the checkpoint fine-tunes directly
+    from bert_suite.cli import main as cli_main
+    from test_glue import write_rte_like
+
+    data = write_rte_like(tmp_path / "rte", n_train=300, n_dev=100)
+    assert cli_main(["finetune", "rte", "--model", str(final), "--data_dir", str(data), "--output_dir",
+                     str(tmp_path / "ft"), "--learning_rate", "1e-3", "--num_train_epochs", "3",
+                     "--per_device_train_batch_size", "16", "--disable_tqdm", "true"]) == 0
+    assert json.loads((tmp_path / "ft" / "all_results.json").read_text())["eval_accuracy"] > 0.85
+
+
+def test_a_killed_run_resumes_exactly(pretrain_setup, tmp_path, monkeypatch):
+    recipe = load_recipe()
+    args = recipe_args(pretrain_setup, tmp_path / "whole", "max_steps=12", "phase1_fraction=0.75", "save_steps=4",
+                       "eval_fraction=0")
+    fresh_state()
+    whole = recipe.main(args)
+
+    killed = [a.replace(str(tmp_path / "whole"), str(tmp_path / "killed")) for a in args]
+    real = recipe.step_masks
+
+    def dies_at_step_10(collator, batch, seed, step, rank, micro):
+        if step == 9:  # after the checkpoint at step 8, in phase 2
+            raise KeyboardInterrupt
+        return real(collator, batch, seed, step, rank, micro)
+
+    monkeypatch.setattr(recipe, "step_masks", dies_at_step_10)
+    fresh_state()
+    with pytest.raises(KeyboardInterrupt):
+        recipe.main(killed)
+    assert sorted(p.name for p in (tmp_path / "killed" / "checkpoints").iterdir()) == ["step-4", "step-8"]
+    monkeypatch.setattr(recipe, "step_masks", real)
+    fresh_state()
+    resumed = recipe.main(killed)
+    assert [h["step"] for h in resumed] == [9, 10, 11, 12]
+    for a, b in zip(whole[-4:], resumed, strict=True):
+        assert a["mlm_loss"] == pytest.approx(b["mlm_loss"], rel=1e-6, abs=1e-7)
+        assert a["nsp_loss"] == pytest.approx(b["nsp_loss"], rel=1e-6, abs=1e-7)
+    fresh_state()
+    # a completely different order would not match: the check above can fail
+    other = recipe.main([a.replace(str(tmp_path / "whole"), str(tmp_path / "other")) for a in args] + ["seed=7"])
+    assert other[-1]["mlm_loss"] != pytest.approx(whole[-1]["mlm_loss"], rel=1e-6)
+
+
+def test_data_longer_than_the_models_positions_is_refused(pretrain_setup, tmp_path):
+    recipe = load_recipe()
+    fresh_state()
+    with pytest.raises(SystemExit, match="exceeds the model's"):
+        recipe.main(recipe_args(pretrain_setup, tmp_path / "r", "max_steps=2", "init_from=" + str(small_positions(tmp_path))))
+
+
+def small_positions(tmp_path: Path) -> Path:
+    from bert_suite import BertSuiteConfig, BertSuiteForPreTraining
+
+    torch.manual_seed(0)
+    model = BertSuiteForPreTraining(BertSuiteConfig.from_preset("tiny", vocab_size=13, max_position_embeddings=16))
+    model.save_pretrained(tmp_path / "short")
+    return tmp_path / "short"
+
+
+# ------------------------------------------------------------------------ embedded corpus, demo
+
+
+def test_embedded_corpus_reads_docstrings_without_importing_and_splits_stably(tmp_path):
+    from bert_suite.pretraining.corpus import build_embedded_corpus, module_document, split_of
+
+    root = tmp_path / "lib"
+    (root / "pkg").mkdir(parents=True)
+    (root / "test").mkdir()
+    (root / "boom.py").write_text('"""Explodes when imported. Never run it.\n\nThe docs say so twice."""\n'
+                                  "raise SystemExit('imported!')\n")
+    (root / "pkg" / "tools.py").write_text(
+        '"""Tools for tests. They do useful things.\n\n>>> tools.run()\n42\n\n    indented_code(here)\n"""\n'
+        'def run():\n    """Run the tool and return the answer. It is always the same."""\n')
+    (root / "test" / "test_x.py").write_text('"""Tests are not documentation. They are skipped here."""\n')
+    sentences = module_document(root / "pkg" / "tools.py")
+    assert sentences == ["Tools for tests.", "They do useful things.", "Run the tool and return the answer.",
+                         "It is always the same."]
+    counts = build_embedded_corpus(tmp_path / "out", heldout_share=0.0, root=str(root))
+    text = (tmp_path / "out" / "pretrain.txt").read_text()
+    assert "Explodes when imported." in text and "Tests are not documentation" not in text and ">>>" not in text
+    assert counts["pretrain_documents"] >= 2 and counts["heldout_documents"] == 0
+    assert split_of("email.parser", 0.2) == split_of("email.parser", 0.2)  # stable across runs
+    shares = [split_of(f"module{i}", 0.2) == "heldout" for i in range(2000)]
+    assert 0.15 < sum(shares) / len(shares) < 0.25
+
+
+def test_demo_task_keeps_documents_apart_and_is_balanced(tmp_path):
+    from bert_suite.adapters.classification import load_split
+    from bert_suite.cards import load_card
+    from bert_suite.demo import build_task
+
+    docs = ["\n".join(f"doc{d} sentence {s} says\tthings." for s in range(8)) for d in range(40)]
+    (tmp_path / "heldout.txt").write_text("\n\n".join(docs) + "\n")
+    counts = build_task(tmp_path / "heldout.txt", tmp_path / "task")
+    card = load_card("doc-next")
+    train = load_split(card, "train", tmp_path / "task")
+    dev = load_split(card, "validation", tmp_path / "task")
+    assert len(train) == counts["train"] and len(dev) == counts["dev"] and counts["test"] > 0
+    assert 0.35 < sum(train["label"]) / len(train) < 0.65  # next / random about even
+    doc_of = lambda s: s.split()[0]  # noqa: E731
+    assert not {doc_of(s) for s in train["sentence1"]} & {doc_of(s) for s in dev["sentence1"]}
+    for a, b, label in zip(train["sentence1"], train["sentence2"], train["label"], strict=True):
+        if label == 0:  # next: the following sentence of the same document
+            assert doc_of(a) == doc_of(b) and int(b.split()[2]) == int(a.split()[2]) + 1
+        else:
+            assert doc_of(a) != doc_of(b)
