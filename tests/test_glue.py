@@ -214,3 +214,15 @@ def test_user_card_on_own_files_needs_no_code(tmp_path):
     loaded = load_card(card)
     data, _ = read_tsv_split(loaded, "train", tmp_path / "train.tsv")
     assert data["text"] == ["mango", "olive"] and data["label"] == [1, 0]
+
+
+def test_a_changed_grid_in_the_same_folder_runs_as_its_own_study(tmp_path):
+    data = write_rte_like(tmp_path / "data", n_train=32, n_dev=16)
+    out = tmp_path / "grid"
+    base = ["grid", "rte", *run_args(data, out, "--max_steps", "1"), "--batch_sizes", "16", "--epochs", "1"]
+    assert cli_main([*base, "--learning_rates", "1e-3"]) == 0
+    # Optuna refuses a new value set for a parameter inside one study; a new grid gets its own
+    assert cli_main([*base, "--learning_rates", "1e-3", "5e-4", "--seeds", "1"]) == 0
+    with open(out / "grid_results.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert sorted(r["learning_rate"] for r in rows) == ["0.0005", "0.001"] and {r["seed"] for r in rows} == {"1"}

@@ -9,6 +9,7 @@ unvisited ones. Data are tokenised once for the whole grid.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import math
@@ -66,6 +67,14 @@ def search_space(card: TaskCard, preset: str | None = None, **axes) -> dict[str,
     return {axis: base[axis] for axis in AXES}
 
 
+def study_name(card: TaskCard, space: dict[str, list]) -> str:
+    """One study per (task, grid): Optuna cannot change a parameter's value set inside a study, so
+    a changed grid (another learning rate, more seeds) in the same folder or database is its own
+    study; rerunning the same grid finds its study and skips what is done."""
+    digest = hashlib.sha256(json.dumps({k: sorted(map(float, v)) for k, v in space.items()}).encode()).hexdigest()
+    return f"{card.name}-grid-{digest[:10]}"
+
+
 def _point(params: dict) -> tuple:
     return tuple(params[a] for a in AXES)
 
@@ -99,7 +108,7 @@ def run_grid(card: TaskCard, model: str, output_dir: str, data_dir: str | None =
     space = space or search_space(card)
     storage = storage or f"sqlite:///{(out / 'grid.db').resolve()}"
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = optuna.create_study(study_name=f"{card.name}-grid", storage=storage, load_if_exists=True,
+    study = optuna.create_study(study_name=study_name(card, space), storage=storage, load_if_exists=True,
                                 direction="maximize", sampler=_GridSampler(space, seed=0))
     points = set(itertools.product(*space.values()))
     metric = selection_key(card)
