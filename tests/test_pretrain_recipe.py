@@ -216,3 +216,14 @@ def test_demo_task_keeps_documents_apart_and_is_balanced(tmp_path):
             assert doc_of(a) == doc_of(b) and int(b.split()[2]) == int(a.split()[2]) + 1
         else:
             assert doc_of(a) != doc_of(b)
+
+
+@pytest.mark.slow
+def test_demo_runs_end_to_end(tmp_path):
+    """`make demo` in small: every step runs and the results name both models (minutes; make test-all)."""
+    from bert_suite.demo import run_demo
+
+    table = run_demo(str(tmp_path / "demo"), max_steps=20)
+    results = json.loads((tmp_path / "demo" / "demo_results.json").read_text())
+    assert set(results["dev_accuracy"]) == {"pre-trained", "random init"} and "| pre-trained |" in table
+    assert (tmp_path / "demo" / "pretraining_curves.png").read_bytes()[:4] == b"\x89PNG"

@@ -42,7 +42,7 @@ def build_task(heldout: Path, out: Path, seed: int = 0, max_pairs_per_doc: int =
     docs = [d for d in _documents(heldout) if len(d) >= 2]
     rng = random.Random(seed)
     rng.shuffle(docs)
-    cut1, cut2 = int(0.7 * len(docs)), int(0.85 * len(docs))
+    cut1, cut2 = int(0.6 * len(docs)), int(0.8 * len(docs))
     counts = {}
     out.mkdir(parents=True, exist_ok=True)
     for name, part in (("train", docs[:cut1]), ("dev", docs[cut1:cut2]), ("test", docs[cut2:])):
@@ -115,19 +115,24 @@ def run_demo(output_dir: str = "runs/demo", max_steps: int | None = None, vocab_
     step("corpus")
     train_tokenizer([str(out / "corpus" / "pretrain.txt")], vocab_size, True, str(out / "tokenizer"))
     step("tokenizer")
-    for length in (128, 512):
+    # The paper's 128/512 phases shrink to 64/128 here: the pairs of the demo task are single
+    # sentences, and 2 CPU cores get twice the sequences per minute (make pretrain keeps 128/512).
+    for length in (64, 128):
         stats = build_pretraining_dataset([str(out / "corpus" / "pretrain.txt")], str(out / "tokenizer"),
                                           str(out / "data" / str(length)), max_seq_length=length,
-                                          dupe_factor=5 if length == 128 else 1)
+                                          dupe_factor=5 if length == 64 else 1)
         print(format_stats(stats))
     step("instances")
     recipe = REPO / "recipes" / "pretrain.py"
     if not recipe.is_file():
         raise RuntimeError(f"{recipe} not found: run the demo from a bert_suite checkout (make demo)")
-    overrides = [f"train_data={out / 'data' / '128'}", f"train_data_phase2={out / 'data' / '512'}",
-                 f"tokenizer={out / 'tokenizer'}", f"output_dir={out / 'pretrain'}", "report_to=none"]
-    if max_steps:
-        overrides += [f"max_steps={max_steps}", f"warmup_steps={max(1, max_steps // 10)}"]
+    steps = max_steps or 700
+    overrides = [f"train_data={out / 'data' / '64'}", f"train_data_phase2={out / 'data' / '128'}",
+                 f"tokenizer={out / 'tokenizer'}", f"output_dir={out / 'pretrain'}", "report_to=none",
+                 f"max_steps={steps}", f"warmup_steps={max(1, steps // 10)}", "learning_rate=0.002",
+                 "per_device_train_batch_size=64", "per_device_train_batch_size_phase2=32",
+                 "max_predictions_per_seq=10", "max_predictions_per_seq_phase2=20", "eval_steps=200",
+                 "resume_from_checkpoint=null"]
     _run([sys.executable, "-m", "accelerate.commands.launch", "--config_file",
           str(REPO / "recipes" / "configs" / "accelerate" / "cpu.yaml"), str(recipe),
           "--config", str(REPO / "recipes" / "configs" / "pretrain" / "tiny.yaml"), *overrides], out / "pretrain.log")
@@ -153,6 +158,8 @@ def run_demo(output_dir: str = "runs/demo", max_steps: int | None = None, vocab_
         f"(train {task['train']}, dev {task['dev']} pairs; chance 50%).", "",
         "| model | doc-next dev accuracy (best of grid) |", "|---|---:|",
         *(f"| {k} | {100 * v:.1f} |" for k, v in results.items()), "",
+        "Pre-trained beats random initialisation: "
+        + ("yes" if results["pre-trained"] > results["random init"] else "NO") + f" (dev set of {task['dev']} pairs).", "",
         f"Pre-training: {pretrain['step']} steps; held-out MLM perplexity "
         f"{pretrain.get('eval_mlm_perplexity', float('nan')):.1f}, NSP accuracy "
         f"{100 * pretrain.get('eval_nsp_accuracy', float('nan')):.1f}%. Curves: {plot}", "",
