@@ -196,26 +196,28 @@ def test_embedded_corpus_reads_docstrings_without_importing_and_splits_stably(tm
     assert 0.15 < sum(shares) / len(shares) < 0.25
 
 
-def test_demo_task_keeps_documents_apart_and_is_balanced(tmp_path):
+def test_demo_task_keeps_documents_apart_and_corrupts_half(tmp_path):
     from bert_suite.adapters.classification import load_split
     from bert_suite.cards import load_card
     from bert_suite.demo import build_task
 
-    docs = ["\n".join(f"doc{d} sentence {s} says\tthings." for s in range(8)) for d in range(40)]
+    docs = ["\n".join(f"doc{d} sentence number {s} says\tmany things." for s in range(8)) for d in range(40)]
     (tmp_path / "heldout.txt").write_text("\n\n".join(docs) + "\n")
     counts = build_task(tmp_path / "heldout.txt", tmp_path / "task")
-    card = load_card("doc-next")
+    card = load_card("doc-intact")
     train = load_split(card, "train", tmp_path / "task")
     dev = load_split(card, "validation", tmp_path / "task")
-    assert len(train) == counts["train"] and len(dev) == counts["dev"] and counts["test"] > 0
-    assert 0.35 < sum(train["label"]) / len(train) < 0.65  # next / random about even
-    doc_of = lambda s: s.split()[0]  # noqa: E731
-    assert not {doc_of(s) for s in train["sentence1"]} & {doc_of(s) for s in dev["sentence1"]}
-    for a, b, label in zip(train["sentence1"], train["sentence2"], train["label"], strict=True):
-        if label == 0:  # next: the following sentence of the same document
-            assert doc_of(a) == doc_of(b) and int(b.split()[2]) == int(a.split()[2]) + 1
-        else:
-            assert doc_of(a) != doc_of(b)
+    assert len(train) == counts["train"] == 24 * 8 and len(dev) == counts["dev"] and counts["test"] > 0
+    assert 0.35 < sum(train["label"]) / len(train) < 0.65  # intact / corrupted about even
+    intact = {f"doc{d} sentence number {s} says many things." for d in range(40) for s in range(8)}
+    for sentence, label in zip(train["sentence"], train["label"], strict=True):
+        if label == 0:
+            assert sentence in intact
+        else:  # two words replaced (a replacement may draw the same word, so at most two differ)
+            original = min(intact, key=lambda o: sum(a != b for a, b in zip(o.split(), sentence.split(), strict=True)))
+            assert 0 < sum(a != b for a, b in zip(original.split(), sentence.split(), strict=True)) <= 2
+    docs_of = lambda split: {s.split()[0] for s, label in zip(split["sentence"], split["label"], strict=True) if label == 0}  # noqa: E731
+    assert not docs_of(train) & docs_of(dev)
 
 
 @pytest.mark.slow
