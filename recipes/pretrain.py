@@ -94,7 +94,11 @@ def batches(data, collator, cfg, phase, start, accelerator, batch_size):
     return iter(loader)
 
 
-def step_masks(collator, batch, seed, step, rank, micro):
+def step_masks(collator, batch, seed, step, rank, micro, causal=False):
+    if causal:  # the paper's LTR model is a left-to-right LM: predict token i+1 at i, nothing masked
+        labels = torch.full_like(batch["input_ids"], -100)
+        labels[:, :-1] = batch["input_ids"][:, 1:].masked_fill(batch["attention_mask"][:, 1:] == 0, -100)
+        return {**batch, "labels": labels}
     if "labels" in batch:  # static masks from pretrain-data
         return batch
     generator = torch.Generator().manual_seed(((seed * 1_000_003 + step) * 1009 + rank) * 17 + micro)
@@ -143,7 +147,7 @@ def evaluate(model, eval_data, collator, cfg, accelerator):
         rows = eval_data.select_columns([c for c in (*COLUMNS, "labels") if c in eval_data.column_names])
         rows = rows[number * size: (number + 1) * size]
         batch = collator.pad(as_features(rows))
-        batch = step_masks(collator, batch, cfg.seed, -1, 0, number)
+        batch = step_masks(collator, batch, cfg.seed, -1, 0, number, cfg.causal_attention)
         batch = {k: v.to(accelerator.device) for k, v in batch.items()}
         add(totals, losses(model(**batch, masked_positions_only=True), batch))
     model.train()
@@ -226,7 +230,8 @@ def main(argv=None):
             start = step if phase == 0 else step - cfg.phase1_steps
             stream = batches(phase_data[phase], collators[phase], cfg, phase, start, accelerator, size)
         for micro in range(cfg.gradient_accumulation_steps):
-            batch = step_masks(collators[phase], next(stream), cfg.seed, step, accelerator.process_index, micro)
+            batch = step_masks(collators[phase], next(stream), cfg.seed, step, accelerator.process_index, micro,
+                               cfg.causal_attention)
             batch = {k: v.to(accelerator.device) for k, v in batch.items()}
             with accelerator.accumulate(model):
                 out_ = model(**batch, masked_positions_only=True)
