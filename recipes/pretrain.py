@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import shutil
 import sys
 import time
@@ -290,4 +291,9 @@ def save_checkpoint(accelerator, checkpoints: Path, step: int, keep: int) -> Non
 
 
 if __name__ == "__main__":
-    sys.exit(0 if main() is not None else 1)
+    try:
+        main()
+    except (ValueError, OSError) as err:  # bad data, vocabulary or paths: one line (BERT_SUITE_DEBUG=1: traceback)
+        if os.environ.get("BERT_SUITE_DEBUG"):
+            raise
+        sys.exit(f"pretrain: error: {err}")

@@ -140,8 +140,9 @@ def load_pretrain_config(path: str | None, overrides: list[str] = ()) -> Pretrai
     for key, (source, value) in values.items():
         if key not in _FIELDS:
             close = sorted(k for k in _FIELDS if k[:4] == key[:4])
-            raise PretrainConfigError(f"{source}: unknown key {key!r}; the recipe reads "
-                                      + (f"(did you mean {', '.join(close)}?)" if close else ", ".join(_FIELDS)))
+            raise PretrainConfigError(f"{source}: unknown key {key!r}; "
+                                      + (f"did you mean {', '.join(close)}?" if close else
+                                         "the recipe reads " + ", ".join(_FIELDS)))
         config[key] = _coerce(source, key, value)
     return validate(PretrainConfig(**config), path or "<overrides>")
 
