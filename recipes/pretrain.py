@@ -107,21 +107,23 @@ def step_masks(collator, batch, seed, step, rank, micro, causal=False):
 
 
 def losses(out, batch):
-    """MLM loss/accuracy over masked positions and NSP loss/accuracy, for logging."""
+    """MLM loss/accuracy over masked positions and NSP loss/accuracy, for logging. Sums stay
+    tensors on the device: reading them every step would wait for the GPU every step."""
     labels = batch["labels"]
     chosen = labels != -100
-    logits = out.prediction_logits.float()  # masked positions only (masked_positions_only=True)
-    stats = {"mlm_loss": F.cross_entropy(logits, labels[chosen], reduction="sum").item(),
-             "mlm_correct": (logits.argmax(-1) == labels[chosen]).sum().item(), "mlm_count": chosen.sum().item()}
+    logits = out.prediction_logits.detach().float()  # masked positions only (masked_positions_only=True)
+    stats = {"mlm_loss": F.cross_entropy(logits, labels[chosen], reduction="sum"),
+             "mlm_correct": (logits.argmax(-1) == labels[chosen]).sum(), "mlm_count": chosen.sum()}
     if out.seq_relationship_logits is not None:
-        nsp = out.seq_relationship_logits.float()
+        nsp = out.seq_relationship_logits.detach().float()
         target = batch["next_sentence_label"].view(-1)
-        stats.update(nsp_loss=F.cross_entropy(nsp, target, reduction="sum").item(),
-                     nsp_correct=(nsp.argmax(-1) == target).sum().item(), nsp_count=len(target))
+        stats.update(nsp_loss=F.cross_entropy(nsp, target, reduction="sum"),
+                     nsp_correct=(nsp.argmax(-1) == target).sum(), nsp_count=len(target))
     return stats
 
 
 def summarise(totals: dict) -> dict:
+    totals = {k: float(v) for k, v in totals.items()}  # the one read of the device per logging step
     result = {}
     if totals.get("mlm_count"):
         result["mlm_loss"] = totals["mlm_loss"] / totals["mlm_count"]
@@ -144,9 +146,9 @@ def evaluate(model, eval_data, collator, cfg, accelerator):
     model.eval()
     totals = {}
     size = cfg.per_device_eval_batch_size
+    table = eval_data.select_columns([c for c in (*COLUMNS, "labels") if c in eval_data.column_names])
     for number in range(min(cfg.eval_batches, math.ceil(len(eval_data) / size))):
-        rows = eval_data.select_columns([c for c in (*COLUMNS, "labels") if c in eval_data.column_names])
-        rows = rows[number * size: (number + 1) * size]
+        rows = table[number * size: (number + 1) * size]
         batch = collator.pad(as_features(rows))
         batch = step_masks(collator, batch, cfg.seed, -1, 0, number, cfg.causal_attention)
         batch = {k: v.to(accelerator.device) for k, v in batch.items()}
@@ -242,14 +244,14 @@ def main(argv=None):
                 optimizer.step()
                 optimizer.zero_grad()
             add(totals, losses(out_, batch))
-            tokens += int(batch["attention_mask"].sum()) * accelerator.num_processes
+            tokens += batch["attention_mask"].sum() * accelerator.num_processes
         scheduler.step()
         step += 1
         bar.update(1)
         if step % cfg.logging_steps == 0 or step == cfg.max_steps:
             elapsed = time.time() - started
             logs = {**summarise(totals), "learning_rate": scheduler.get_last_lr()[0], "phase": phase + 1,
-                    "tokens_per_second": tokens / max(elapsed, 1e-9), "step": step}
+                    "tokens_per_second": float(tokens) / max(elapsed, 1e-9), "step": step}
             totals, tokens, started = {}, 0, time.time()
             if eval_data is not None and (step % cfg.eval_steps == 0 or step == cfg.max_steps):
                 logs.update(evaluate(model, eval_data, collators[0], cfg, accelerator))

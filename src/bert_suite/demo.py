@@ -22,20 +22,15 @@ import sys
 import time
 from pathlib import Path
 
+from .pretraining.instances import iter_documents
 from .report import atomic_write_text
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def _documents(path: Path) -> list[list[str]]:
-    docs, current = [], []
-    for line in path.read_text(encoding="utf-8").splitlines() + [""]:
-        if line.strip():
-            current.append(" ".join(line.split()))  # no tabs: the task files are TSV
-        elif current:
-            docs.append(current)
-            current = []
-    return docs
+    """The held-out documents; whitespace runs (tabs included) become one space: the task files are TSV."""
+    return [[" ".join(s.split()) for s in doc] for doc in iter_documents(str(path), "lines")]
 
 
 def build_task(heldout: Path, out: Path, seed: int = 0, replaced: int = 2) -> dict:

@@ -100,10 +100,10 @@ def expected_indices(card: TaskCard, split: str, data_dir: str | None) -> list[s
     return [str(i) for i in adapter.load_split(card, split, data_dir)["idx"]]
 
 
-def check_rows(path: Path, card: TaskCard, split: str, data_dir: str | None) -> dict:
-    """Same indices as the test file (or the card's row count when the file is not at hand)."""
+def check_rows(path: Path, card: TaskCard, split: str, data_dir: str | None, expected: list[str] | None) -> dict:
+    """Same indices as the test file (`expected`, from `expected_indices`), or the card's row count
+    when the file is not at hand."""
     indices, _ = read_predictions(path, card)
-    expected = expected_indices(card, split, data_dir)
     if expected is not None:
         if len(indices) != len(expected) or set(indices) != set(expected):
             missing = sorted(set(expected) - set(indices), key=str)[:5]
@@ -127,10 +127,7 @@ def _find_predictions(run: Run, split: str) -> Path | None:
     return None
 
 
-def _majority_file(card: TaskCard, split: str, data_dir: str | None, work: Path) -> Path:
-    if card.majority_label is None:
-        raise PackageError(f"no run given for {card.name} and its card has no majority_label")
-    indices = expected_indices(card, split, data_dir)
+def _majority_file(card: TaskCard, split: str, indices: list[str] | None, work: Path) -> Path:
     if indices is None:
         if card.splits[split].rows is None:
             raise PackageError(f"{card.name}: the majority-class file needs the test file (--data_dir) "
@@ -190,15 +187,16 @@ def package(run_dirs: list[str], output_dir: str, glue_root: str | None = None,
             else:
                 recorded = run.data_dir if run.card.name == name else _sibling(run.data_dir, card)
             data_dir = task_data_dir(card, glue_root, recorded)
+            expected = expected_indices(card, split, data_dir)  # read once, for the majority file and the check
             if run is None:
-                path, source = _majority_file(card, split, data_dir, work), f"majority class {card.majority_label!r}"
+                path, source = _majority_file(card, split, expected, work), f"majority class {card.majority_label!r}"
             elif run.card.name == name and (found := _find_predictions(run, split)):
                 path, source = found, str(found)
             else:
                 path = predict(card, str(run.model_dir), split, data_dir, str(work / name), tokenizer)
                 source = f"predicted with {run.model_dir}"
             checks[spec.server_file] = {"task": name, "split": split, "source": source,
-                                        **check_rows(path, card, split, data_dir)}
+                                        **check_rows(path, card, split, data_dir, expected)}
             target = out / spec.server_file
             target.write_bytes(path.read_bytes())
             files[spec.server_file] = target

@@ -198,7 +198,7 @@ def offline_unless_reachable(timeout: float = 3.0) -> bool:
     """Switch this process to offline mode when the Hub cannot be reached, so that cached files
     still load and anything missing fails at once with our message, instead of after a minute of
     retries. Returns True when the process is (now) offline."""
-    if constants.HF_HUB_OFFLINE:
+    if _offline():
         return True
     if hub_reachable(timeout):
         return False
