@@ -75,3 +75,10 @@ pretrain: pretrain-data
 # The README's first command: corpus -> vocabulary -> pre-training -> fine-tuning grid, offline.
 demo: install
 	$(OFFLINE) $(BIN)/bert-suite demo --output_dir runs/demo
+
+# ---- Benchmarks (results: benchmarks/RESULTS.md). Each skips cleanly without ../shared/data. -----
+# The long ones are run on their own: bash benchmarks/glue_real_run.sh (about an hour on 2 cores),
+# bash benchmarks/pretrain_vs_random.sh (45 minutes of pre-training, then the grids).
+.PHONY: bench
+bench: install
+	$(OFFLINE) $(BIN)/python benchmarks/pretrain_data_speed.py --repeat 3
