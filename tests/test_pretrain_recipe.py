@@ -240,3 +240,11 @@ def test_demo_runs_end_to_end(tmp_path):
     results = json.loads((tmp_path / "demo" / "demo_results.json").read_text())
     assert set(results["dev_accuracy"]) == {"pre-trained", "random init"} and "| pre-trained |" in table
     assert (tmp_path / "demo" / "pretraining_curves.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_demo_verdict_does_not_call_noise_a_win():
+    from bert_suite.demo import verdict
+
+    assert verdict(0.630, 0.624, 695).startswith("Pre-trained does not clearly beat")  # +0.6, SE 2.6
+    assert verdict(0.658, 0.607, 5000).startswith("Pre-trained beats")  # +5.1, SE 1.0
+    assert verdict(0.485, 0.501, 375).startswith("Pre-trained does not beat")

@@ -15,6 +15,7 @@ did not separate the two at this budget: NSP reaches only ~60% in 700 tiny steps
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import subprocess
@@ -95,6 +96,16 @@ def plot_pretraining(metrics_file: Path, out: Path) -> Path:
     return out
 
 
+def verdict(pretrained: float, random_init: float, n: int) -> str:
+    """The difference in points with its standard error (two independent accuracies on n items),
+    so that a gap within the noise of a small dev set is not read as a win."""
+    se = 100 * math.sqrt((pretrained * (1 - pretrained) + random_init * (1 - random_init)) / n)
+    gap = 100 * (pretrained - random_init)
+    word = "beats" if gap > 2 * se else "does not clearly beat" if gap > 0 else "does not beat"
+    return (f"Pre-trained {word} random initialisation: {gap:+.1f} points, standard error of the difference "
+            f"{se:.1f} (dev set of {n} sentences).")
+
+
 def run_demo(output_dir: str = "runs/demo", max_steps: int | None = None, vocab_size: int = 8000) -> str:
     from .cards import load_card
     from .grid import run_grid, search_space
@@ -159,8 +170,7 @@ def run_demo(output_dir: str = "runs/demo", max_steps: int | None = None, vocab_
         f"(train {task['train']}, dev {task['dev']} sentences; chance 50%).", "",
         "| model | doc-intact dev accuracy (best of grid) |", "|---|---:|",
         *(f"| {k} | {100 * v:.1f} |" for k, v in results.items()), "",
-        "Pre-trained beats random initialisation: "
-        + ("yes" if results["pre-trained"] > results["random init"] else "NO") + f" (dev set of {task['dev']} sentences).", "",
+        verdict(results["pre-trained"], results["random init"], task["dev"]), "",
         f"Pre-training: {pretrain['step']} steps; held-out MLM perplexity "
         f"{pretrain.get('eval_mlm_perplexity', float('nan')):.1f}, NSP accuracy "
         f"{100 * pretrain.get('eval_nsp_accuracy', float('nan')):.1f}%. Curves: {plot}", "",
