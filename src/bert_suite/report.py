@@ -23,7 +23,7 @@ logger = logging.getLogger(__name__)
 REQUIRED_KEYS = ("trial", "learning_rate", "per_device_train_batch_size", "num_train_epochs", "seed", "state")
 SETTING_KEYS = ("learning_rate", "per_device_train_batch_size", "num_train_epochs")
 # Trainer metrics that are bookkeeping or losses, not scores: never shown as percentages.
-_NOT_SCORE_MARKERS = ("loss", "runtime", "per_second", "epoch")
+_NOT_SCORE_MARKERS = ("loss", "runtime", "per_second", "epoch", "thresh", "total")
 
 
 def _replace_atomically(path: str | Path, write: Callable[[IO[bytes]], object]) -> Path:
@@ -145,8 +145,10 @@ def _markdown(trials, metric, task, metric_keys, best, paper, plot_note) -> str:
         lines += [f"Best: trial {best['trial']}, {metric} = {top:.2f} (dev).", ""]
         if paper:
             quoted = ", ".join(f"{name} {value} ({top - value:+.2f})" for name, value in paper.items())
-            lines += [f"Best dev {top:.2f} vs the paper's BERT: {quoted}. Note: the paper's GLUE numbers are "
-                      "test-set scores, so they are not directly comparable with a dev score.", ""]
+            note = "" if all("dev" in name for name in paper) else (
+                " Note: the paper's GLUE numbers are test-set scores, so they are not directly comparable "
+                "with a dev score.")
+            lines += [f"Best dev {top:.2f} vs the paper's BERT: {quoted}.{note}", ""]
     if plot_note:
         lines += [plot_note, ""]
     return "\n".join(lines)

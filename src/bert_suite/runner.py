@@ -1,8 +1,15 @@
 """One fine-tuning run: task card + model + hyper-parameters -> Trainer -> dev metrics, prediction
-files, a manifest. `finetune`, `grid` and `predict` all go through here."""
+files, a manifest. `finetune`, `grid` and `predict` all go through here, for every task family.
+
+A family's adapter module (adapters/<family>.py) provides what differs between families:
+MODEL_CLASS, model_kwargs(card), load_split, preprocess(..., train), metric_fn(card, examples,
+features), write_outputs(directory, card, split, examples, features, predictions, settings) and
+returns settings to keep beside the checkpoint (e.g. SQuAD v2's null threshold, chosen on dev and
+applied by `predict`)."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import platform
@@ -12,29 +19,32 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import datasets
-import numpy as np
 import torch
 import transformers
 from transformers import AutoTokenizer, DataCollatorWithPadding, Trainer, TrainingArguments
 
 from . import __version__
-from .adapters import classification as adapter
+from .adapters import split_file_stem  # noqa: F401  (re-exported for glue_package)
 from .cards import TaskCard
 from .configuration_bert_suite import BertSuiteConfig
-from .modeling_bert_suite import BertSuiteForSequenceClassification
 from .report import atomic_write_text
 
-SPLIT_FILE_NAMES = {"validation": "dev", "test": "test"}
+TASK_SETTINGS_FILE = "bert_suite_task.json"  # settings chosen on dev, kept with the checkpoint
+
+
+def adapter_for(card: TaskCard):
+    """The adapter module of the card's family."""
+    return importlib.import_module(f".adapters.{card.family}", __package__)
+
+
+def load_task_settings(model: str) -> dict:
+    """Settings a fine-tuned checkpoint carries for its task (empty for other models)."""
+    path = Path(model) / TASK_SETTINGS_FILE
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
 
 
 class RunError(ValueError):
     """A run that cannot start (bad model, tokenizer or flags); the message says what to change."""
-
-
-def split_file_stem(split: str) -> str:
-    """validation -> dev, validation_matched -> dev_matched, test_mismatched -> test_mismatched."""
-    head, _, tail = split.partition("_")
-    return SPLIT_FILE_NAMES.get(head, head) + (f"_{tail}" if tail else "")
 
 
 @dataclass
@@ -83,22 +93,26 @@ def prepare(card: TaskCard, model: str, data_dir: str | None = None, tokenizer: 
         raise RunError(f"max_seq_length must be at least 8, got {max_len}")
     if splits is None:
         splits = [s for s in [card.train_split, *card.eval_splits] if s]
+    adapter = adapter_for(card)
     raw = {s: adapter.load_split(card, s, data_dir, skip_bad_rows) for s in splits}
-    encoded = {s: adapter.preprocess(d, card, tok, max_len) for s, d in raw.items()}
+    encoded = {s: adapter.preprocess(d, card, tok, max_len, train=s == card.train_split) for s, d in raw.items()}
     return Prepared(card, tok, raw, encoded, max_len, {s: d._fingerprint for s, d in raw.items()})
 
 
 def load_model(card: TaskCard, model: str, max_seq_length: int, vocab_size: int | None = None):
     """A bert_suite or stock BERT checkpoint (folder or Hub id), or `preset:NAME` for random
-    weights of a paper size (vocabulary sized to the tokenizer), with the card's label head."""
-    labels = dict(num_labels=card.num_labels)
-    if card.labels:
-        labels.update(id2label=dict(enumerate(card.labels)), label2id={v: i for i, v in enumerate(card.labels)})
+    weights of a paper size (vocabulary sized to the tokenizer), with the card's head."""
+    adapter = adapter_for(card)
+    labels = adapter.model_kwargs(card)
     if model.startswith("preset:"):
         sizes = {"vocab_size": vocab_size} if vocab_size else {}
-        return BertSuiteForSequenceClassification(BertSuiteConfig.from_preset(model.split(":", 1)[1], **sizes, **labels))
+        config = BertSuiteConfig.from_preset(model.split(":", 1)[1], **sizes, **labels)
+        if config.max_position_embeddings < max_seq_length:
+            raise RunError(f"max_seq_length {max_seq_length} exceeds the preset's max_position_embeddings "
+                           f"({config.max_position_embeddings})")
+        return adapter.MODEL_CLASS(config)
     try:
-        loaded = BertSuiteForSequenceClassification.from_pretrained(model, **labels)
+        loaded = adapter.MODEL_CLASS.from_pretrained(model, **labels)
     except OSError as err:
         raise RunError(f"cannot load model {model!r} ({str(err).splitlines()[0][:200]}); offline, pass a local "
                        "checkpoint folder with --model (or preset:NAME with --tokenizer)") from None
@@ -106,14 +120,6 @@ def load_model(card: TaskCard, model: str, max_seq_length: int, vocab_size: int 
         raise RunError(f"max_seq_length {max_seq_length} exceeds the model's max_position_embeddings "
                        f"({loaded.config.max_position_embeddings})")
     return loaded
-
-
-def _metric_fn(card: TaskCard):
-    def compute(eval_pred):
-        predictions = adapter.postprocess(card, eval_pred.predictions)
-        return adapter.compute_metrics(card, predictions, np.asarray(eval_pred.label_ids))
-
-    return compute
 
 
 def selection_key(card: TaskCard) -> str:
@@ -129,9 +135,11 @@ def train_and_evaluate(prepared: Prepared, model_name: str, args: TrainingArgume
     args.output_dir and the model into `save_to` (default: args.output_dir). Returns metrics,
     per-epoch history and runtime."""
     card = prepared.card
+    adapter = adapter_for(card)
     transformers.set_seed(args.seed)  # the seed also sets the head's initialisation (a random restart)
     model = load_model(card, model_name, prepared.max_seq_length, len(prepared.tokenizer))
     evals = {s: prepared.encoded[s] for s in card.eval_splits}
+    first = card.eval_splits[0]  # families with several dev splits (MNLI) score without the examples
     trainer = Trainer(
         model=model,
         args=args,
@@ -139,45 +147,48 @@ def train_and_evaluate(prepared: Prepared, model_name: str, args: TrainingArgume
         eval_dataset=next(iter(evals.values())) if len(evals) == 1 else evals,
         data_collator=DataCollatorWithPadding(prepared.tokenizer),
         processing_class=prepared.tokenizer,
-        compute_metrics=_metric_fn(card),
+        compute_metrics=adapter.metric_fn(card, prepared.raw[first], prepared.encoded[first]),
     )
     start = time.time()
     train_output = trainer.train()
     out = Path(args.output_dir)
     metrics = {"train_loss": train_output.training_loss, "train_runtime": time.time() - start,
                "train_samples": len(prepared.encoded[card.train_split])}
+    settings = {}
     for split, dataset in evals.items():
         prefix = "eval" if len(evals) == 1 else f"eval_{split}"
         result = trainer.predict(dataset, metric_key_prefix=prefix)
         metrics.update(result.metrics)
-        metrics[f"{prefix}_samples"] = len(dataset)
-        write_predictions(out / "predictions" / f"{split_file_stem(split)}.tsv", card,
-                          dataset["idx"], adapter.postprocess(card, result.predictions))
+        metrics[f"{prefix}_samples"] = len(prepared.raw[split])
+        settings.update(adapter.write_outputs(out / "predictions", card, split, prepared.raw[split], dataset,
+                                              result.predictions, {}))
     history = [entry for entry in trainer.state.log_history if any(k.startswith("eval_") for k in entry)]
     trainer.save_model(str(save_to or out))
+    if settings:
+        atomic_write_text(Path(save_to or out) / TASK_SETTINGS_FILE, json.dumps(settings, indent=2, sort_keys=True))
+        metrics.update({f"chosen_{k}": v for k, v in settings.items()})
     atomic_write_text(out / "all_results.json", json.dumps(metrics, indent=2, sort_keys=True))
     return {"metrics": metrics, "history": history, "train_runtime": metrics["train_runtime"]}
 
 
-def write_predictions(path: Path, card: TaskCard, indices, predictions) -> None:
-    """`index<TAB>prediction` with the card's label strings (the GLUE server format)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    rows = [f"{i}\t{p}" for i, p in zip(indices, adapter.label_strings(card, predictions), strict=True)]
-    atomic_write_text(path, "index\tprediction\n" + "\n".join(rows) + "\n")
-
-
 def predict(card: TaskCard, model: str, split: str, data_dir: str | None, output_dir: str,
-            tokenizer: str | None = None, batch_size: int = 64) -> Path:
-    """Predict one split with a fine-tuned checkpoint; writes predictions/<split>.tsv."""
-    prepared = prepare(card, model, data_dir, tokenizer or model, splits=[split])
+            tokenizer: str | None = None, batch_size: int = 64, settings: dict | None = None,
+            max_seq_length: int | None = None) -> Path:
+    """Predict one split with a fine-tuned checkpoint, applying the settings it carries (e.g. the
+    SQuAD v2 null threshold chosen on dev; `settings` overrides them). Writes the task's
+    prediction files under output_dir/predictions and returns the main one."""
+    adapter = adapter_for(card)
+    prepared = prepare(card, model, data_dir, tokenizer or model, max_seq_length, splits=[split])
     net = load_model(card, model, prepared.max_seq_length)
     args = TrainingArguments(output_dir=output_dir, per_device_eval_batch_size=batch_size, report_to="none")
     trainer = Trainer(model=net, args=args, data_collator=DataCollatorWithPadding(prepared.tokenizer))
     data = prepared.encoded[split]
-    result = trainer.predict(data.remove_columns([c for c in ("label",) if c in data.column_names]))
-    path = Path(output_dir) / "predictions" / f"{split_file_stem(split)}.tsv"
-    write_predictions(path, card, data["idx"], adapter.postprocess(card, result.predictions))
-    return path
+    labels = [c for c in ("label", "start_positions", "end_positions") if c in data.column_names]
+    result = trainer.predict(data.remove_columns(labels))
+    chosen = {**load_task_settings(model), **(settings or {})}
+    adapter.write_outputs(Path(output_dir) / "predictions", card, split, prepared.raw[split], data,
+                          result.predictions, chosen)
+    return adapter.output_path(Path(output_dir) / "predictions", card, split)
 
 
 def git_revision() -> str | None:

@@ -14,10 +14,19 @@ import numpy as np
 
 from ..cards import TaskCard
 from ..metrics import glue_metrics
+from ..modeling_bert_suite import BertSuiteForSequenceClassification
+from ..report import atomic_write_text
+from . import DataError, split_file_stem
+
+MODEL_CLASS = BertSuiteForSequenceClassification
 
 
-class DataError(ValueError):
-    """Input data that cannot be used; the message names the file, the row and the expectation."""
+def model_kwargs(card: TaskCard) -> dict:
+    """The head's size and label names, stored in the checkpoint's config."""
+    kwargs = dict(num_labels=card.num_labels)
+    if card.labels:
+        kwargs.update(id2label=dict(enumerate(card.labels)), label2id={v: i for i, v in enumerate(card.labels)})
+    return kwargs
 
 
 def read_tsv_split(card: TaskCard, split: str, path: Path, skip_bad_rows: bool = False) -> tuple[datasets.Dataset, int]:
@@ -119,8 +128,10 @@ def load_split(card: TaskCard, split: str, data_dir: str | Path | None = None,
     return dataset
 
 
-def preprocess(dataset: datasets.Dataset, card: TaskCard, tokenizer, max_seq_length: int) -> datasets.Dataset:
-    """Tokenise once (single sentences or pairs), truncating to max_seq_length; no padding."""
+def preprocess(dataset: datasets.Dataset, card: TaskCard, tokenizer, max_seq_length: int,
+               train: bool = False) -> datasets.Dataset:
+    """Tokenise once (single sentences or pairs), truncating to max_seq_length; no padding. Train
+    and evaluation rows are encoded alike."""
 
     def encode(batch):
         texts = [batch[c] for c in card.text_columns]
@@ -146,3 +157,28 @@ def label_strings(card: TaskCard, predictions: np.ndarray) -> list[str]:
 
 def compute_metrics(card: TaskCard, predictions: np.ndarray, references: np.ndarray) -> dict[str, float]:
     return glue_metrics(card.metric, predictions, references)
+
+
+def metric_fn(card: TaskCard, examples=None, features=None):
+    """Trainer's compute_metrics: logits and label ids -> the card's metrics."""
+
+    def compute(eval_pred):
+        return compute_metrics(card, postprocess(card, eval_pred.predictions), np.asarray(eval_pred.label_ids))
+
+    return compute
+
+
+def output_path(directory: Path, card: TaskCard, split: str) -> Path:
+    return directory / f"{split_file_stem(split)}.tsv"
+
+
+def write_outputs(directory: Path, card: TaskCard, split: str, examples, features, predictions,
+                  settings: dict) -> dict:
+    """`index<TAB>prediction` with the card's label strings (the GLUE server format). Nothing is
+    chosen on dev for this family, so no settings are returned."""
+    path = output_path(directory, card, split)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    labels = label_strings(card, postprocess(card, predictions))
+    rows = [f"{i}\t{p}" for i, p in zip(features["idx"], labels, strict=True)]
+    atomic_write_text(path, "index\tprediction\n" + "\n".join(rows) + "\n")
+    return {}
