@@ -47,6 +47,16 @@ glue: install
 	$(BIN)/bert-suite grid $(TASK) --model $(MODEL) --output_dir $(OUT) \
 		$(if $(DATA_DIR),--data_dir $(DATA_DIR)) $(if $(TOKENIZER),--tokenizer $(TOKENIZER)) $(GRID_ARGS)
 
+# ---- SQuAD: the card's grid (paper: v1.1 3 epochs, v2.0 2 epochs, lr 5e-5); see README "SQuAD" ----
+# DATA_DIR holds the official train-v1.1.json/dev-v1.1.json (or the v2.0 files); empty = the Hub.
+VERSION   ?= 1
+SQUAD_CARD = $(if $(filter 2 2.0,$(VERSION)),squad/v2,squad/v1)
+
+.PHONY: squad
+squad: install
+	$(BIN)/bert-suite grid $(SQUAD_CARD) --model $(MODEL) --output_dir $(or $(SQUAD_OUT),runs/squad-v$(VERSION)-grid) \
+		$(if $(DATA_DIR),--data_dir $(DATA_DIR)) $(if $(TOKENIZER),--tokenizer $(TOKENIZER)) $(GRID_ARGS)
+
 # ---- Pre-training (see README "Pre-training") ---------------------------------------------------
 # `make pretrain` runs the tiny config end to end on the embedded corpus (stdlib documentation);
 # PRETRAIN_CONFIG / PRETRAIN_ARGS (key=value overrides) / ACCELERATE_CONFIG choose otherwise.

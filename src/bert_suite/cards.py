@@ -8,6 +8,7 @@ user adds a classification or regression task on their own files by writing a ca
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -53,6 +54,7 @@ class TaskCard:
     majority_label: str | None = None  # WNLI: the paper submits the majority class, not a model
     data_folder: str | None = None  # the task's folder in the GLUE distribution (RTE, SST-2, diagnostic)
     defaults: dict[str, Any] = field(default_factory=dict)
+    options: dict[str, Any] = field(default_factory=dict)  # the family's own settings (SQuAD: doc_stride, ...)
     grid: dict[str, list] = field(default_factory=dict)
     paper: dict[str, float] = field(default_factory=dict)
     description: str = ""
@@ -67,7 +69,7 @@ class TaskCard:
         return 1 if self.labels is None else len(self.labels)
 
 
-FAMILIES = ("classification",)
+FAMILIES = ("classification", "squad")
 _SPLIT_KEYS = {f.name for f in dataclasses.fields(SplitSpec)}
 _CARD_KEYS = {f.name for f in dataclasses.fields(TaskCard)} - {"path"}
 _REQUIRED = ("name", "family", "text_columns", "label_column", "metric", "select", "splits")
@@ -89,6 +91,10 @@ def available_cards() -> dict[str, Path]:
     for path in sorted(root.rglob("*.yaml")):
         found[path.relative_to(root).with_suffix("").as_posix()] = path
         found.setdefault(path.stem, path)
+        # The card's own name (squad/v2.yaml is 'squad_v2'), read without parsing the whole YAML.
+        named = re.search(r"^name:\s*['\"]?([\w.-]+)", path.read_text(encoding="utf-8"), re.MULTILINE)
+        if named:
+            found.setdefault(named.group(1).lower(), path)
     return found
 
 
@@ -137,7 +143,7 @@ def card_from_dict(data: Any, path: str = "<card>") -> TaskCard:
         data["labels"] = [str(x) for x in labels]
         if len(set(data["labels"])) != len(labels) or len(labels) < 2:
             raise CardError(f"{path}: labels must be two or more distinct values, got {labels}")
-    for key in ("defaults", "grid", "paper"):
+    for key in ("defaults", "options", "grid", "paper"):
         _expect(path, key, data.get(key, {}), dict, "a mapping")
     for axis, values in data.get("grid", {}).items():
         if not isinstance(values, list) or not values:

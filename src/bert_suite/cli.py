@@ -121,11 +121,27 @@ def _predict(args: argparse.Namespace, rest: list[str]) -> None:
     card = load_card(args.task)
     _needs_hub(args.model, args.data_dir)
     splits = card.test_splits if args.split == "test" else card.eval_splits if args.split == "dev" else [args.split]
+    if not splits:
+        raise ValueError(f"task {card.name} has no test split; predict new data with --split dev --data_dir FILE")
+    settings = {}
+    if args.null_score_diff_threshold is not None:
+        settings["null_score_diff_threshold"] = args.null_score_diff_threshold
     for split in splits:
         if split not in card.splits:
             raise ValueError(f"task {card.name} has no split {split!r} (splits: {', '.join(card.splits)})")
-        path = predict(card, args.model, split, args.data_dir, args.output_dir or args.model, args.tokenizer)
+        path = predict(card, args.model, split, args.data_dir, args.output_dir or args.model, args.tokenizer,
+                       settings=settings, max_seq_length=args.max_seq_length)
         print(f"wrote {path}")
+
+
+def _score(args: argparse.Namespace, rest: list[str]) -> None:
+    from .metrics.squad import score_files
+
+    result = score_files(args.data, args.predictions, args.na_probs, args.na_prob_thresh, args.version)
+    text = json.dumps(result)
+    if args.out_file:
+        Path(args.out_file).write_text(text)
+    print(text)
 
 
 def _glue_package(args: argparse.Namespace, rest: list[str]) -> None:
@@ -215,7 +231,22 @@ def build_parser() -> argparse.ArgumentParser:
     pred.add_argument("--data_dir")
     pred.add_argument("--tokenizer")
     pred.add_argument("--output_dir", help="default: the model folder")
+    pred.add_argument("--max_seq_length", type=int, help="default: the card's")
+    pred.add_argument("--null_score_diff_threshold", type=float,
+                      help="SQuAD v2: predict no answer when null score - best span score exceeds this "
+                      "(default: the threshold chosen on dev and saved with the checkpoint, else 0)")
     pred.set_defaults(func=_predict)
+
+    score = sub.add_parser("score", help="score predictions like the official scripts (squad: evaluate-v1.1/v2.0)")
+    score.add_argument("benchmark", choices=["squad"])
+    score.add_argument("--data", required=True, help="the official dataset JSON (e.g. dev-v2.0.json)")
+    score.add_argument("--predictions", required=True, help="predictions.json: question id -> answer text")
+    score.add_argument("--na_probs", help="v2: null_odds.json, question id -> no-answer score")
+    score.add_argument("--na_prob_thresh", type=float, default=1.0,
+                       help="v2: predict no answer above this no-answer score (default 1.0, as the official script)")
+    score.add_argument("--version", help="1.1 or 2.0 (default: from the data file)")
+    score.add_argument("--out_file", help="also write the JSON here")
+    score.set_defaults(func=_score)
 
     package = sub.add_parser("glue-package", help="GLUE server files + zip + dev summary from finetune/grid runs")
     package.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="finetune or grid output folders")

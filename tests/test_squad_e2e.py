@@ -1,0 +1,124 @@
+"""SQuAD end to end on data the test writes: a tiny model learns an extractive task through the
+runner (windows, labels, post-processing, official-equivalent scoring), v2 chooses the null
+threshold on dev, keeps it with the checkpoint and `predict` applies it; `score squad` agrees."""
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+import yaml
+
+from bert_suite.cli import main as cli_main
+
+FILLER = ("river stone cloud window paper garden letter market winter summer bridge music silver "
+          "forest engine castle island doctor pencil rocket").split()
+COLORS, ANIMALS, SHADES = "red green blue yellow".split(), "horse tiger rabbit eagle".split(), ["dark", "light"]
+CONTEXT_WORDS = (8, 16)
+VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "which", "color", "?", *FILLER, *COLORS, *ANIMALS, *SHADES]
+
+
+def write_squad_like(folder: Path, version_2: bool, n_train=400, n_dev=150, seed=0) -> Path:
+    """Contexts of filler words with an animal (a distractor) and a colour inserted; the answer to
+    "which color ?" is the colour, half the time with its shade ("light blue": a two-token span).
+    In v2 a third of the contexts hold no colour: unanswerable. Contexts are longer than the
+    windows the test uses, so answers sit in different windows and the max-context rule matters."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "vocab.txt").write_text("\n".join(VOCAB) + "\n")
+    rng = random.Random(seed)
+
+    def article(n, prefix):
+        paragraphs = []
+        for i in range(n):
+            words = [rng.choice(FILLER) for _ in range(rng.randint(*CONTEXT_WORDS))]
+            words.insert(rng.randrange(len(words) + 1), rng.choice(ANIMALS))
+            answerable = not version_2 or rng.random() < 2 / 3
+            qa = {"id": f"{prefix}{i}", "question": "which color ?", "answers": []}
+            if answerable:
+                answer = rng.choice(COLORS) if rng.random() < 0.5 else f"{rng.choice(SHADES)} {rng.choice(COLORS)}"
+                at = rng.randrange(len(words) + 1)
+                start = len(" ".join(words[:at])) + (1 if at else 0)
+                words.insert(at, answer)
+                qa["answers"] = [{"text": answer, "answer_start": start}]
+            if version_2:
+                qa["is_impossible"] = not answerable
+            paragraphs.append({"context": " ".join(words), "qas": [qa]})
+        return {"version": "v2.0" if version_2 else "1.1", "data": [{"title": "synthetic", "paragraphs": paragraphs}]}
+
+    (folder / "train.json").write_text(json.dumps(article(n_train, "t")))
+    (folder / "dev.json").write_text(json.dumps(article(n_dev, "d")))
+    return folder
+
+
+def small_card(folder: Path, version_2: bool) -> Path:
+    """The real card with short windows (max_seq_length 24, doc_stride 8, questions up to 4 tokens) and
+    local file names."""
+    card = yaml.safe_load(Path(f"tasks/squad/{'v2' if version_2 else 'v1'}.yaml").read_text())
+    card["splits"]["train"]["file"] = "train.json"
+    card["splits"]["validation"]["file"] = "dev.json"
+    card["options"].update(doc_stride=8, max_query_length=4)
+    card["defaults"]["max_seq_length"] = 24
+    path = folder / "card.yaml"
+    path.write_text(yaml.safe_dump(card))
+    return path
+
+
+def finetune(data: Path, card: Path, out: Path) -> dict:
+    assert cli_main(["finetune", str(card), "--model", "preset:tiny", "--tokenizer", str(data / "vocab.txt"),
+                     "--data_dir", str(data), "--output_dir", str(out), "--disable_tqdm", "true",
+                     "--learning_rate", "1e-3", "--num_train_epochs", "3", "--per_device_train_batch_size", "16",
+                     "--seed", "3"]) == 0
+    return json.loads((out / "all_results.json").read_text())
+
+
+def test_v1_tiny_model_learns_spans_and_the_drop_in_scorer_agrees(tmp_path, capsys, report):
+    data = write_squad_like(tmp_path / "data", version_2=False)
+    out = tmp_path / "run"
+    results = finetune(data, small_card(tmp_path, False), out)
+    report("SQuAD-like v1 dev F1 (tiny, 3 epochs)", f"{100 * results['eval_f1']:.1f}")
+    # A uniformly random valid span of at most 30 tokens in a 9-18 word context scores about 5 F1.
+    assert results["eval_f1"] > 0.6
+    predictions = json.loads((out / "predictions" / "dev" / "predictions.json").read_text())
+    assert len(predictions) == 150 and all(isinstance(v, str) for v in predictions.values())
+    nbest = json.loads((out / "predictions" / "dev" / "nbest_predictions.json").read_text())
+    assert nbest["d0"][0]["text"] == predictions["d0"]
+    assert sum(e["probability"] for e in nbest["d0"]) == pytest.approx(1.0, abs=1e-4)
+    capsys.readouterr()
+    assert cli_main(["score", "squad", "--data", str(data / "dev.json"),
+                     "--predictions", str(out / "predictions" / "dev" / "predictions.json")]) == 0
+    official = json.loads(capsys.readouterr().out)
+    assert list(official) == ["exact_match", "f1"]
+    assert official["f1"] == pytest.approx(100 * results["eval_f1"])
+    assert official["exact_match"] == pytest.approx(100 * results["eval_exact_match"])
+
+
+def test_v2_threshold_is_chosen_on_dev_saved_and_applied_by_predict(tmp_path, capsys, report):
+    data = write_squad_like(tmp_path / "data", version_2=True)
+    out = tmp_path / "run"
+    results = finetune(data, small_card(tmp_path, True), out)
+    report("SQuAD-like v2 dev best F1 (tiny, 3 epochs)", f"{100 * results['eval_best_f1']:.1f}")
+    # Always answering "no answer" scores the unanswerable third, about 33 F1.
+    assert results["eval_best_f1"] > 0.6
+    assert results["eval_best_f1"] >= results["eval_f1"]  # tau = 0 is one of the thresholds searched
+    tau = json.loads((out / "bert_suite_task.json").read_text())["null_score_diff_threshold"]
+    assert tau == results["eval_best_f1_thresh"]
+    dev = out / "predictions" / "dev"
+    odds = json.loads((dev / "null_odds.json").read_text())
+    capsys.readouterr()
+    assert cli_main(["score", "squad", "--data", str(data / "dev.json"), "--predictions", str(dev / "predictions.json"),
+                     "--na_probs", str(dev / "null_odds.json")]) == 0
+    official = json.loads(capsys.readouterr().out)
+    assert official["best_f1"] == pytest.approx(100 * results["eval_best_f1"])
+    assert official["HasAns_total"] + official["NoAns_total"] == 150
+
+    # predict on the dev file as new data: the saved tau is applied, a given threshold overrides it
+    assert cli_main(["predict", str(small_card(tmp_path, True)), "--model", str(out), "--split", "dev",
+                     "--data_dir", str(data), "--output_dir", str(tmp_path / "pred")]) == 0
+    applied = json.loads((tmp_path / "pred" / "predictions" / "dev" / "predictions.json").read_text())
+    for qid, text in applied.items():
+        assert (text == "") == (odds[qid] > tau), qid
+    assert cli_main(["predict", str(small_card(tmp_path, True)), "--model", str(out), "--split", "dev",
+                     "--data_dir", str(data), "--output_dir", str(tmp_path / "pred"),
+                     "--null_score_diff_threshold", "1e9"]) == 0
+    never_null = json.loads((tmp_path / "pred" / "predictions" / "dev" / "predictions.json").read_text())
+    assert sum(text == "" for text in never_null.values()) < sum(text == "" for text in applied.values())
