@@ -69,7 +69,7 @@ class TaskCard:
         return 1 if self.labels is None else len(self.labels)
 
 
-FAMILIES = ("classification", "squad")
+FAMILIES = ("classification", "squad", "multiple_choice", "ner")  # = adapter module names
 _SPLIT_KEYS = {f.name for f in dataclasses.fields(SplitSpec)}
 _CARD_KEYS = {f.name for f in dataclasses.fields(TaskCard)} - {"path"}
 _REQUIRED = ("name", "family", "text_columns", "label_column", "metric", "select", "splits")

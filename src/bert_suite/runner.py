@@ -3,7 +3,8 @@ files, a manifest. `finetune`, `grid` and `predict` all go through here, for eve
 
 A family's adapter module (adapters/<family>.py) provides what differs between families:
 MODEL_CLASS, model_kwargs(card), load_split, preprocess(..., train), metric_fn(card, examples,
-features), write_outputs(directory, card, split, examples, features, predictions, settings) and
+features), output_path, write_outputs(directory, card, split, examples, features, predictions,
+settings), and optionally collator(tokenizer) (default: dynamic padding). write_outputs
 returns settings to keep beside the checkpoint (e.g. SQuAD v2's null threshold, chosen on dev and
 applied by `predict`)."""
 
@@ -35,6 +36,15 @@ TASK_SETTINGS_FILE = "bert_suite_task.json"  # settings chosen on dev, kept with
 def adapter_for(card: TaskCard):
     """The adapter module of the card's family."""
     return importlib.import_module(f".adapters.{card.family}", __package__)
+
+
+LABEL_COLUMNS = ("label", "labels", "start_positions", "end_positions")  # removed before predicting new data
+
+
+def collator_for(adapter, tokenizer):
+    """The family's batch collator, or dynamic padding to the longest sequence of the batch."""
+    make = getattr(adapter, "collator", None)
+    return make(tokenizer) if make else DataCollatorWithPadding(tokenizer)
 
 
 def load_task_settings(model: str) -> dict:
@@ -145,7 +155,7 @@ def train_and_evaluate(prepared: Prepared, model_name: str, args: TrainingArgume
         args=args,
         train_dataset=prepared.encoded[card.train_split],
         eval_dataset=next(iter(evals.values())) if len(evals) == 1 else evals,
-        data_collator=DataCollatorWithPadding(prepared.tokenizer),
+        data_collator=collator_for(adapter, prepared.tokenizer),
         processing_class=prepared.tokenizer,
         compute_metrics=adapter.metric_fn(card, prepared.raw[first], prepared.encoded[first]),
     )
@@ -181,9 +191,9 @@ def predict(card: TaskCard, model: str, split: str, data_dir: str | None, output
     prepared = prepare(card, model, data_dir, tokenizer or model, max_seq_length, splits=[split])
     net = load_model(card, model, prepared.max_seq_length)
     args = TrainingArguments(output_dir=output_dir, per_device_eval_batch_size=batch_size, report_to="none")
-    trainer = Trainer(model=net, args=args, data_collator=DataCollatorWithPadding(prepared.tokenizer))
+    trainer = Trainer(model=net, args=args, data_collator=collator_for(adapter, prepared.tokenizer))
     data = prepared.encoded[split]
-    labels = [c for c in ("label", "start_positions", "end_positions") if c in data.column_names]
+    labels = [c for c in LABEL_COLUMNS if c in data.column_names]
     result = trainer.predict(data.remove_columns(labels))
     chosen = {**load_task_settings(model), **(settings or {})}
     adapter.write_outputs(Path(output_dir) / "predictions", card, split, prepared.raw[split], data,
