@@ -57,6 +57,20 @@ squad: install
 	$(BIN)/bert-suite grid $(SQUAD_CARD) --model $(MODEL) --output_dir $(or $(SQUAD_OUT),runs/squad-v$(VERSION)-grid) \
 		$(if $(DATA_DIR),--data_dir $(DATA_DIR)) $(if $(TOKENIZER),--tokenizer $(TOKENIZER)) $(GRID_ARGS)
 
+# ---- SWAG and CoNLL-2003 NER: the cards' grids (see README "SWAG and NER") -------------------
+# NER_CONTEXT=document|sentence (the paper: document context)
+NER_CONTEXT ?= document
+
+.PHONY: swag ner
+swag: install
+	$(BIN)/bert-suite grid swag --model $(MODEL) --output_dir $(or $(SWAG_OUT),runs/swag-grid) \
+		$(if $(DATA_DIR),--data_dir $(DATA_DIR)) $(if $(TOKENIZER),--tokenizer $(TOKENIZER)) $(GRID_ARGS)
+
+ner: install
+	$(BIN)/bert-suite grid conll2003 --model $(or $(NER_MODEL),google-bert/bert-base-cased) --context $(NER_CONTEXT) \
+		--output_dir $(or $(NER_OUT),runs/conll2003-$(NER_CONTEXT)-grid) \
+		$(if $(DATA_DIR),--data_dir $(DATA_DIR)) $(if $(TOKENIZER),--tokenizer $(TOKENIZER)) $(GRID_ARGS)
+
 # ---- Pre-training (see README "Pre-training") ---------------------------------------------------
 # `make pretrain` runs the tiny config end to end on the embedded corpus (stdlib documentation);
 # PRETRAIN_CONFIG / PRETRAIN_ARGS (key=value overrides) / ACCELERATE_CONFIG choose otherwise.

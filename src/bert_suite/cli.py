@@ -63,10 +63,9 @@ def _check_push(args: argparse.Namespace, card) -> None:
 
 
 def _finetune(args: argparse.Namespace, rest: list[str]) -> None:
-    from .cards import load_card
     from .runner import prepare, train_and_evaluate, training_arguments, write_manifest
 
-    card = load_card(args.task)
+    card = _load_card(args)
     _check_push(args, card)
     _needs_hub(args.model, args.data_dir, args.tokenizer or args.model)
     output_dir = args.output_dir or f"runs/{card.name}"
@@ -82,10 +81,9 @@ def _finetune(args: argparse.Namespace, rest: list[str]) -> None:
 
 
 def _grid(args: argparse.Namespace, rest: list[str]) -> None:
-    from .cards import load_card
     from .grid import run_grid, search_space
 
-    card = load_card(args.task)
+    card = _load_card(args)
     _check_push(args, card)
     _needs_hub(args.model, args.data_dir, args.tokenizer or args.model)
     output_dir = args.output_dir or f"runs/{card.name}-grid"
@@ -104,7 +102,10 @@ def _push(card, folder, args, metrics, training, grid_result=None) -> None:
     best = (grid_result or {}).get("best") or {}
     hparams = {k: best.get(k, getattr(training, k, None)) for k in
                ("learning_rate", "per_device_train_batch_size", "num_train_epochs", "seed")}
+    task_types = {"classification": "text-classification", "squad": "question-answering",
+                  "multiple_choice": "multiple-choice", "ner": "token-classification"}
     info = {"model_id": args.hub_model_id, "base_model": args.model, "task": card.name,
+            "task_type": task_types.get(card.family, "text-classification"),
             "dataset": {"id": card.hub["path"], "config": card.hub.get("name"), "split": card.eval_splits[0]},
             "dev_metrics": metrics, "hyperparameters": hparams,
             "seeds": sorted({r["seed"] for r in (grid_result or {}).get("records", [])}) or [hparams["seed"]]}
@@ -115,10 +116,9 @@ def _push(card, folder, args, metrics, training, grid_result=None) -> None:
 
 
 def _predict(args: argparse.Namespace, rest: list[str]) -> None:
-    from .cards import load_card
     from .runner import predict
 
-    card = load_card(args.task)
+    card = _load_card(args)
     _needs_hub(args.model, args.data_dir)
     splits = card.test_splits if args.split == "test" else card.eval_splits if args.split == "dev" else [args.split]
     if not splits:
@@ -196,6 +196,24 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--skip_bad_rows", action="store_true", help="skip malformed rows (counted and reported)")
     p.add_argument("--push_to_hub", action="store_true", help="push the final/best checkpoint with a model card")
     p.add_argument("--hub_model_id", help="Hub repository for --push_to_hub")
+    _add_context_flag(p)
+
+
+def _add_context_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--context", choices=["sentence", "document"],
+                   help="NER: encode each sentence alone, or inside windows over its document (default: the card's)")
+
+
+def _load_card(args: argparse.Namespace):
+    """The card, with the family options given on the command line."""
+    from .cards import load_card
+
+    card = load_card(args.task)
+    if getattr(args, "context", None):
+        if card.family != "ner":
+            raise ValueError(f"--context applies to NER cards; {card.name} is a {card.family} task")
+        card.options = {**card.options, "context": args.context}
+    return card
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -232,6 +250,7 @@ def build_parser() -> argparse.ArgumentParser:
     pred.add_argument("--tokenizer")
     pred.add_argument("--output_dir", help="default: the model folder")
     pred.add_argument("--max_seq_length", type=int, help="default: the card's")
+    _add_context_flag(pred)
     pred.add_argument("--null_score_diff_threshold", type=float,
                       help="SQuAD v2: predict no answer when null score - best span score exceeds this "
                       "(default: the threshold chosen on dev and saved with the checkpoint, else 0)")

@@ -69,9 +69,12 @@ def search_space(card: TaskCard, preset: str | None = None, **axes) -> dict[str,
 
 def study_name(card: TaskCard, space: dict[str, list]) -> str:
     """One study per (task, grid): Optuna cannot change a parameter's value set inside a study, so
-    a changed grid (another learning rate, more seeds) in the same folder or database is its own
-    study; rerunning the same grid finds its study and skips what is done."""
-    digest = hashlib.sha256(json.dumps({k: sorted(map(float, v)) for k, v in space.items()}).encode()).hexdigest()
+    a changed grid (another learning rate, more seeds) or changed card options in the same folder
+    or database is its own study; rerunning the same grid finds its study and skips what is done."""
+    key = {k: sorted(map(float, v)) for k, v in space.items()}
+    if card.options:  # e.g. NER's context or SQuAD's doc_stride: other data, so another study
+        key["options"] = card.options
+    digest = hashlib.sha256(json.dumps(key, default=str).encode()).hexdigest()
     return f"{card.name}-grid-{digest[:10]}"
 
 
