@@ -185,6 +185,28 @@ def _demo(args: argparse.Namespace, rest: list[str]) -> None:
     print(run_demo(args.output_dir, args.max_steps))
 
 
+def _extract_features(args: argparse.Namespace, rest: list[str]) -> None:
+    from .cards import load_card
+    from .feature_based import extract_features
+
+    _needs_hub(args.model, args.tokenizer or args.model)
+    data = extract_features(args.model, args.input, args.output_dir, load_card(args.task), args.layers, args.pool,
+                            args.tokenizer, args.context, args.max_seq_length, args.batch_size)
+    print(f"wrote {args.output_dir}: {len(data):,} sentences, {sum(len(t) for t in data['tokens']):,} words")
+
+
+def _feature_ner(args: argparse.Namespace, rest: list[str]) -> None:
+    import datasets
+
+    from .cards import load_card
+    from .feature_based import train_tagger
+
+    train, dev = (datasets.load_from_disk(p) for p in (args.train_features, args.dev_features))
+    result = train_tagger(train, dev, load_card(args.task).labels, args.output_dir, args.epochs, args.learning_rate,
+                          args.batch_size, args.hidden, args.seed)
+    print(json.dumps({k: v for k, v in result.items() if k.startswith("eval_")}, indent=2))
+
+
 def _add_run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("task", help="task card name (rte, glue/mnli, ...) or path to a card YAML")
     p.add_argument("--model", required=True,
@@ -274,6 +296,33 @@ def build_parser() -> argparse.ArgumentParser:
                          "row checks (default: the folders the runs were trained from)")
     package.add_argument("--tokenizer", help="tokenizer, if the checkpoints lack one")
     package.set_defaults(func=_glue_package)
+
+    feats = sub.add_parser("extract-features", help="per-word features of a CoNLL file from frozen layers "
+                           "(the feature-based route of Table 7)")
+    feats.add_argument("--model", required=True, help="checkpoint folder or Hub id (stock BERT or bert_suite)")
+    feats.add_argument("--input", required=True, help="a CoNLL file (word [POS chunk NER] per line)")
+    feats.add_argument("--output_dir", required=True)
+    feats.add_argument("--layers", default="-1", help="hidden states: 0 = embeddings, -1 = last, comma list, or all")
+    feats.add_argument("--pool", default="sum", choices=["concat", "sum", "weighted"],
+                       help="combine the layers: concatenate, sum, or keep them for a learned weighted sum")
+    feats.add_argument("--task", default="conll2003", help="the NER card (labels, window settings)")
+    feats.add_argument("--tokenizer")
+    feats.add_argument("--max_seq_length", type=int)
+    feats.add_argument("--batch_size", type=int, default=32)
+    _add_context_flag(feats)
+    feats.set_defaults(func=_extract_features)
+
+    tagger = sub.add_parser("feature-ner", help="train the BiLSTM tagger on extracted features (Table 7)")
+    tagger.add_argument("--train_features", required=True)
+    tagger.add_argument("--dev_features", required=True)
+    tagger.add_argument("--output_dir", required=True)
+    tagger.add_argument("--task", default="conll2003")
+    tagger.add_argument("--epochs", type=int, default=4)
+    tagger.add_argument("--learning_rate", type=float, default=1e-3)
+    tagger.add_argument("--batch_size", type=int, default=32)
+    tagger.add_argument("--hidden", type=int, default=768, help="LSTM units per direction")
+    tagger.add_argument("--seed", type=int, default=42)
+    tagger.set_defaults(func=_feature_ner)
 
     tok = sub.add_parser("tokenizer", help="train a WordPiece vocabulary on text files")
     tok.add_argument("--input", nargs="+", required=True, help="text files")
