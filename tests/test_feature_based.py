@@ -64,3 +64,22 @@ def test_features_have_one_vector_per_word_and_the_tagger_learns(frozen, tmp_pat
     assert saved["features"]["pool"] == "weighted" and saved["features"]["layers"] == [0, 2]
     lines = (tmp_path / "tagger" / "predictions" / "dev.conll").read_text().splitlines()
     assert lines.count("-DOCSTART- O O") == 20
+
+
+def test_tagger_refuses_mismatched_or_untagged_features(tmp_path):
+    import datasets
+
+    def features(pool, tagged=True):
+        data = {"tokens": [["a", "b"]], "features": [[[0.0, 1.0], [1.0, 0.0]]]}
+        if tagged:
+            data["ner_tags"] = [[0, 1]]
+        ds = datasets.Dataset.from_dict(data)
+        ds.info.description = json.dumps({"model": "m", "layers": [1], "pool": pool, "context": "document"})
+        return ds
+
+    with pytest.raises(FeatureError, match="extracted differently.*pool"):
+        train_tagger(features("sum"), features("concat"), LABELS, tmp_path)
+    with pytest.raises(FeatureError, match="dev features need the columns features and ner_tags"):
+        train_tagger(features("sum"), features("sum", tagged=False), LABELS, tmp_path)
+    with pytest.raises(FeatureError, match="batch_size and epochs"):
+        train_tagger(features("sum"), features("sum"), LABELS, tmp_path, batch_size=0)

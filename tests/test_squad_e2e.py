@@ -74,7 +74,15 @@ def finetune(data: Path, card: Path, out: Path) -> dict:
 def test_v1_tiny_model_learns_spans_and_the_drop_in_scorer_agrees(tmp_path, capsys, report):
     data = write_squad_like(tmp_path / "data", version_2=False)
     out = tmp_path / "run"
-    results = finetune(data, small_card(tmp_path, False), out)
+    # a second evaluation split (a copy of dev): each split is post-processed with its own windows
+    card = yaml.safe_load(small_card(tmp_path, False).read_text())
+    card["splits"]["test"] = {"file": "dev-copy.json"}
+    card["eval_splits"] = ["validation", "test"]
+    (data / "dev-copy.json").write_text((data / "dev.json").read_text())
+    (tmp_path / "card.yaml").write_text(yaml.safe_dump(card))
+    results = finetune(data, tmp_path / "card.yaml", out)
+    assert results["eval_test_f1"] == results["eval_validation_f1"]
+    results = {k.replace("eval_validation_", "eval_"): v for k, v in results.items()}
     report("SQuAD-like v1 dev F1 (tiny, 3 epochs)", f"{100 * results['eval_f1']:.1f}")
     # A uniformly random valid span of at most 30 tokens in a 9-18 word context scores about 5 F1.
     assert results["eval_f1"] > 0.6
@@ -111,9 +119,11 @@ def test_v2_threshold_is_chosen_on_dev_saved_and_applied_by_predict(tmp_path, ca
     assert official["best_f1"] == pytest.approx(100 * results["eval_best_f1"])
     assert official["HasAns_total"] + official["NoAns_total"] == 150
 
-    # predict on the dev file as new data: the saved tau is applied, a given threshold overrides it
-    assert cli_main(["predict", str(small_card(tmp_path, True)), "--model", str(out), "--split", "dev",
-                     "--data_dir", str(data), "--output_dir", str(tmp_path / "pred")]) == 0
+    saved = json.loads((out / "bert_suite_task.json").read_text())
+    assert saved["max_seq_length"] == 24 and saved["options"]["doc_stride"] == 8
+    # predict on the dev file as new data, with the stock card: the saved windows and tau are applied
+    assert cli_main(["predict", "squad_v2", "--model", str(out), "--split", "dev",
+                     "--data_dir", str(data / "dev.json"), "--output_dir", str(tmp_path / "pred")]) == 0
     applied = json.loads((tmp_path / "pred" / "predictions" / "dev" / "predictions.json").read_text())
     for qid, text in applied.items():
         assert (text == "") == (odds[qid] > tau), qid
@@ -122,3 +132,22 @@ def test_v2_threshold_is_chosen_on_dev_saved_and_applied_by_predict(tmp_path, ca
                      "--null_score_diff_threshold", "1e9"]) == 0
     never_null = json.loads((tmp_path / "pred" / "predictions" / "dev" / "predictions.json").read_text())
     assert sum(text == "" for text in never_null.values()) < sum(text == "" for text in applied.values())
+
+
+def test_threshold_reproduces_the_best_f1_when_answering_nothing_is_best():
+    """The official walk reports threshold 0.0 when no answer at all is best; applied as is, every
+    question with score_diff <= 0 would keep its (wrong) span. The chosen threshold must answer none."""
+    import datasets
+
+    from bert_suite.adapters import squad
+    from bert_suite.cards import load_card
+
+    examples = datasets.Dataset.from_dict({
+        "id": ["a", "b", "c"], "context": ["x y z"] * 3,
+        "answers": [{"text": [], "answer_start": []}, {"text": [], "answer_start": []},
+                    {"text": ["z"], "answer_start": [4]}]})
+    result = {"best_non_null": {"a": "x", "b": "y", "c": "x"}, "null_odds": {"a": -2.0, "b": -1.0, "c": -3.0}}
+    tau = squad._chosen_threshold(load_card("squad_v2"), examples, result)
+    assert tau < -3.0
+    predicted = {q: "" if result["null_odds"][q] > tau else t for q, t in result["best_non_null"].items()}
+    assert predicted == {"a": "", "b": "", "c": ""}  # F1 2/3, the best any threshold gives here

@@ -130,7 +130,8 @@ def _predict(args: argparse.Namespace, rest: list[str]) -> None:
         if split not in card.splits:
             raise ValueError(f"task {card.name} has no split {split!r} (splits: {', '.join(card.splits)})")
         path = predict(card, args.model, split, args.data_dir, args.output_dir or args.model, args.tokenizer,
-                       settings=settings, max_seq_length=args.max_seq_length)
+                       settings=settings, max_seq_length=args.max_seq_length,
+                       options={"context": args.context} if args.context else None)
         print(f"wrote {path}")
 
 
@@ -284,7 +285,9 @@ def build_parser() -> argparse.ArgumentParser:
     score.add_argument("--predictions", required=True, help="predictions.json: question id -> answer text")
     score.add_argument("--na_probs", help="v2: null_odds.json, question id -> no-answer score")
     score.add_argument("--na_prob_thresh", type=float, default=1.0,
-                       help="v2: predict no answer above this no-answer score (default 1.0, as the official script)")
+                       help="v2: count a question as answered 'no answer' when its na_probs value is above this "
+                       "(default 1.0, as the official script; our predictions.json is already thresholded, so "
+                       "with null_odds.json pass the run's threshold or a large value)")
     score.add_argument("--version", help="1.1 or 2.0 (default: from the data file)")
     score.add_argument("--out_file", help="also write the JSON here")
     score.set_defaults(func=_score)

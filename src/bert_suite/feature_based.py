@@ -185,10 +185,10 @@ def _batches(data: datasets.Dataset, batch_size: int, shuffle: bool, generator: 
     data = data.select_columns(["features", "ner_tags"]).with_format("numpy")  # read rows from Arrow per batch
     for i in range(0, len(order), batch_size):
         rows = data[order[i:i + batch_size]]
-        feats = [torch.from_numpy(np.asarray(f, dtype=np.float32)) for f in rows["features"]]
+        feats = [torch.tensor(np.asarray(f, dtype=np.float32)) for f in rows["features"]]  # copies: Arrow is read-only
         lengths = torch.tensor([len(f) for f in feats])
         padded = nn.utils.rnn.pad_sequence(feats, batch_first=True)
-        labels = nn.utils.rnn.pad_sequence([torch.as_tensor(t, dtype=torch.long) for t in rows["ner_tags"]],
+        labels = nn.utils.rnn.pad_sequence([torch.tensor(t, dtype=torch.long) for t in rows["ner_tags"]],
                                            batch_first=True, padding_value=-100)
         yield padded, lengths, labels
 
@@ -212,10 +212,22 @@ def train_tagger(train: datasets.Dataset, dev: datasets.Dataset, labels: list[st
     from .adapters import ner
 
     meta = json.loads(train.info.description or "{}")
+    dev_meta = json.loads(dev.info.description or "{}")
+    different = {k: (meta.get(k), dev_meta.get(k)) for k in ("model", "layers", "pool", "context")
+                 if meta.get(k) != dev_meta.get(k)}
+    if different:
+        raise FeatureError(f"train and dev features were extracted differently: {different}; extract both alike")
+    for name, data in (("train", train), ("dev", dev)):
+        if not {"features", "ner_tags"} <= set(data.column_names):
+            raise FeatureError(f"{name} features need the columns features and ner_tags (extract them from a tagged "
+                               f"CoNLL file), found {', '.join(data.column_names)}")
+    if batch_size < 1 or epochs < 1 or learning_rate <= 0:
+        raise FeatureError(f"batch_size and epochs must be at least 1 and learning_rate positive, got {batch_size}, "
+                           f"{epochs}, {learning_rate}")
     stacked = meta.get("pool") == "weighted"
     sample = np.asarray(train[0]["features"], dtype=np.float32)
+    torch.manual_seed(seed)  # before the tagger is built: its initial weights are part of the run
     model = BiLSTMTagger(sample.shape[-1], len(labels), hidden, sample.shape[1] if stacked else None)
-    torch.manual_seed(seed)
     generator = torch.Generator().manual_seed(seed)
     optimizer = torch.optim.Adam(model.parameters(), lr=learning_rate)
     loss_fn = nn.CrossEntropyLoss(ignore_index=-100)

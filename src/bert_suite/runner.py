@@ -10,6 +10,7 @@ applied by `predict`)."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import json
 import os
@@ -149,12 +150,15 @@ def train_and_evaluate(prepared: Prepared, model_name: str, args: TrainingArgume
     transformers.set_seed(args.seed)  # the seed also sets the head's initialisation (a random restart)
     model = load_model(card, model_name, prepared.max_seq_length, len(prepared.tokenizer))
     evals = {s: prepared.encoded[s] for s in card.eval_splits}
-    first = card.eval_splits[0]  # families with several dev splits (MNLI) score without the examples
+    first = card.eval_splits[0]
+    # compute_metrics cannot tell which split it scores; families whose metrics read the split's own
+    # examples (SQuAD, NER) evaluate the first split per epoch and every split at the end.
+    per_epoch = evals if len(evals) == 1 or not getattr(adapter, "METRICS_USE_EXAMPLES", False) else {first: evals[first]}
     trainer = Trainer(
         model=model,
         args=args,
         train_dataset=prepared.encoded[card.train_split],
-        eval_dataset=next(iter(evals.values())) if len(evals) == 1 else evals,
+        eval_dataset=next(iter(per_epoch.values())) if len(per_epoch) == 1 else per_epoch,
         data_collator=collator_for(adapter, prepared.tokenizer),
         processing_class=prepared.tokenizer,
         compute_metrics=adapter.metric_fn(card, prepared.raw[first], prepared.encoded[first]),
@@ -164,30 +168,38 @@ def train_and_evaluate(prepared: Prepared, model_name: str, args: TrainingArgume
     out = Path(args.output_dir)
     metrics = {"train_loss": train_output.training_loss, "train_runtime": time.time() - start,
                "train_samples": len(prepared.encoded[card.train_split])}
-    settings = {}
+    # What predict must reuse to read new data as this model was trained and evaluated.
+    settings = {"max_seq_length": prepared.max_seq_length, "options": card.options}
     for split, dataset in evals.items():
         prefix = "eval" if len(evals) == 1 else f"eval_{split}"
+        trainer.compute_metrics = adapter.metric_fn(card, prepared.raw[split], dataset)
         result = trainer.predict(dataset, metric_key_prefix=prefix)
         metrics.update(result.metrics)
         metrics[f"{prefix}_samples"] = len(prepared.raw[split])
-        settings.update(adapter.write_outputs(out / "predictions", card, split, prepared.raw[split], dataset,
-                                              result.predictions, {}))
+        chosen = adapter.write_outputs(out / "predictions", card, split, prepared.raw[split], dataset,
+                                       result.predictions, settings if split != first else {})
+        if split == first:  # thresholds are chosen on the first dev split only, then applied to the others
+            settings.update(chosen)
+            metrics.update({f"chosen_{k}": v for k, v in chosen.items()})
     history = [entry for entry in trainer.state.log_history if any(k.startswith("eval_") for k in entry)]
     trainer.save_model(str(save_to or out))
-    if settings:
-        atomic_write_text(Path(save_to or out) / TASK_SETTINGS_FILE, json.dumps(settings, indent=2, sort_keys=True))
-        metrics.update({f"chosen_{k}": v for k, v in settings.items()})
+    atomic_write_text(Path(save_to or out) / TASK_SETTINGS_FILE, json.dumps(settings, indent=2, sort_keys=True))
     atomic_write_text(out / "all_results.json", json.dumps(metrics, indent=2, sort_keys=True))
     return {"metrics": metrics, "history": history, "train_runtime": metrics["train_runtime"]}
 
 
 def predict(card: TaskCard, model: str, split: str, data_dir: str | None, output_dir: str,
             tokenizer: str | None = None, batch_size: int = 64, settings: dict | None = None,
-            max_seq_length: int | None = None) -> Path:
-    """Predict one split with a fine-tuned checkpoint, applying the settings it carries (e.g. the
-    SQuAD v2 null threshold chosen on dev; `settings` overrides them). Writes the task's
-    prediction files under output_dir/predictions and returns the main one."""
+            max_seq_length: int | None = None, options: dict | None = None) -> Path:
+    """Predict one split with a fine-tuned checkpoint, applying the settings it carries (card
+    options, max_seq_length, the SQuAD v2 null threshold chosen on dev); `settings`, `options`
+    and `max_seq_length` override them. Writes the task's prediction files under
+    output_dir/predictions and returns the main one."""
     adapter = adapter_for(card)
+    saved = load_task_settings(model)
+    # The card options and length the model was trained with, unless given now (e.g. --context).
+    card = dataclasses.replace(card, options={**card.options, **saved.get("options", {}), **(options or {})})
+    max_seq_length = max_seq_length or saved.get("max_seq_length")
     prepared = prepare(card, model, data_dir, tokenizer or model, max_seq_length, splits=[split])
     net = load_model(card, model, prepared.max_seq_length)
     args = TrainingArguments(output_dir=output_dir, per_device_eval_batch_size=batch_size, report_to="none")
@@ -195,7 +207,7 @@ def predict(card: TaskCard, model: str, split: str, data_dir: str | None, output
     data = prepared.encoded[split]
     labels = [c for c in LABEL_COLUMNS if c in data.column_names]
     result = trainer.predict(data.remove_columns(labels))
-    chosen = {**load_task_settings(model), **(settings or {})}
+    chosen = {**saved, **(settings or {})}
     adapter.write_outputs(Path(output_dir) / "predictions", card, split, prepared.raw[split], data,
                           result.predictions, chosen)
     return adapter.output_path(Path(output_dir) / "predictions", card, split)
@@ -220,6 +232,7 @@ def write_manifest(path: Path, prepared: Prepared, model: str, data_dir: str | N
         "model": model,
         "data_dir": str(Path(data_dir).resolve()) if data_dir else None,
         "max_seq_length": prepared.max_seq_length,
+        "card_options": prepared.card.options,
         "training_arguments": {k: getattr(args, k) for k in keep},
         "dataset_fingerprints": prepared.fingerprints,
         "dataset_sizes": {s: len(d) for s, d in prepared.raw.items()},

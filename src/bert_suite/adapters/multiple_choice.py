@@ -35,7 +35,7 @@ import numpy as np
 from ..cards import TaskCard
 from ..modeling_bert_suite import BertSuiteForMultipleChoice
 from ..report import atomic_write_text
-from . import DataError, split_file_stem
+from . import DataError, family_options, split_file_stem
 
 MODEL_CLASS = BertSuiteForMultipleChoice
 DEFAULT_ENDINGS = ["ending0", "ending1", "ending2", "ending3"]
@@ -53,7 +53,7 @@ def endings(card: TaskCard) -> list[str]:
     if len(card.text_columns) != 2:
         raise DataError(f"{card.path}: text_columns must name the context sentence and the continuation's start "
                         f"(two columns, e.g. [sent1, sent2]), got {card.text_columns}")
-    names = card.options.get("endings", DEFAULT_ENDINGS)
+    names = family_options(card, {"endings": DEFAULT_ENDINGS}, "multiple-choice")["endings"]
     if not isinstance(names, list) or len(names) < 2 or not all(isinstance(n, str) and n for n in names):
         raise DataError(f"{card.path}: options.endings must list two or more column names, got {names!r}")
     return names

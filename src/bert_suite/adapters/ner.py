@@ -53,8 +53,9 @@ from seqeval.metrics.sequence_labeling import get_entities
 from ..cards import TaskCard
 from ..modeling_bert_suite import BertSuiteForTokenClassification
 from ..report import atomic_write_text
-from . import DataError, split_file_stem
+from . import DataError, family_options, split_file_stem
 
+METRICS_USE_EXAMPLES = True  # metric_fn reads the split's examples (see runner.train_and_evaluate)
 MODEL_CLASS = BertSuiteForTokenClassification
 
 DOCSTART = "-DOCSTART-"
@@ -67,10 +68,7 @@ MAPPING_COLUMNS = ("word_position", "word_sentence", "word_index", "word_is_max_
 
 def ner_options(card: TaskCard) -> dict[str, Any]:
     """The card's NER settings over the defaults; unknown keys and bad values are errors naming the card."""
-    unknown = sorted(set(card.options) - set(OPTION_DEFAULTS))
-    if unknown:
-        raise ValueError(f"{card.path}: options.{unknown[0]} is not a NER option (known: {', '.join(OPTION_DEFAULTS)})")
-    options = {**OPTION_DEFAULTS, **card.options}
+    options = family_options(card, OPTION_DEFAULTS, "NER")
     if options["context"] not in CONTEXTS:
         raise ValueError(f"{card.path}: options.context must be one of {', '.join(CONTEXTS)}, got "
                          f"{options['context']!r}")

@@ -35,8 +35,9 @@ from ..cards import TaskCard
 from ..metrics import squad as scorer
 from ..modeling_bert_suite import BertSuiteForQuestionAnswering
 from ..report import atomic_write_text
-from . import DataError, split_file_stem
+from . import DataError, family_options, split_file_stem
 
+METRICS_USE_EXAMPLES = True  # metric_fn reads the split's examples (see runner.train_and_evaluate)
 MODEL_CLASS = BertSuiteForQuestionAnswering
 THRESHOLD_KEY = "null_score_diff_threshold"
 
@@ -64,7 +65,7 @@ SQUAD_FEATURES = datasets.Features({
 
 def squad_options(card: TaskCard) -> dict[str, Any]:
     """The card's SQuAD settings (`card.options`) over the reference defaults."""
-    return {**OPTION_DEFAULTS, **card.options}
+    return family_options(card, OPTION_DEFAULTS, "SQuAD")
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -617,6 +618,20 @@ def output_path(directory: Path, card: TaskCard, split: str) -> Path:
     return Path(directory) / split_file_stem(split) / "predictions.json"
 
 
+def _chosen_threshold(card: TaskCard, examples, result: dict) -> float:
+    """The best-F1 threshold of the official walk, as a threshold that reproduces that F1 when applied.
+    The walk reports 0.0 when answering nothing is best, but at 0.0 every question with score_diff <= 0
+    still gets its span; then the threshold goes below every score_diff, so that nothing is answered."""
+    best = _score(card, examples, result)
+    threshold = float(best["best_f1_thresh"])
+    gold = scorer.gold_from_examples(examples.select_columns(["id", "answers"]))
+    applied = scorer.evaluate_v2(gold, result["best_non_null"], result["null_odds"], na_prob_thresh=threshold,
+                                 warn=lambda message: None)
+    if applied["f1"] / 100.0 < best["best_f1"] - 1e-9:
+        threshold = min(result["null_odds"].values()) - 1.0
+    return threshold
+
+
 def write_outputs(directory: Path, card: TaskCard, split: str, examples, features, predictions,
                   settings: dict) -> dict:
     """predictions.json, nbest_predictions.json and (v2) null_odds.json under directory/<split>/.
@@ -628,8 +643,8 @@ def write_outputs(directory: Path, card: TaskCard, split: str, examples, feature
     chosen = {}
     threshold = float(settings.get(THRESHOLD_KEY, 0.0))
     if version_2 and THRESHOLD_KEY not in settings and any(len(a["text"]) for a in examples["answers"]):
-        scores = _score(card, examples, _result(card, examples, features, predictions))
-        threshold = float(scores["best_f1_thresh"])
+        result = _result(card, examples, features, predictions)
+        threshold = _chosen_threshold(card, examples, result)
         chosen[THRESHOLD_KEY] = threshold
     result = _result(card, examples, features, predictions, threshold)
     write_prediction_files(output_path(directory, card, split).parent, result, version_2)
