@@ -1,4 +1,5 @@
-"""Task adapters: one module per task family (load, preprocess, postprocess, metrics)."""
+"""Task adapters: one module per task family (load, preprocess, postprocess, metrics), and what
+they share."""
 
 
 class DataError(ValueError):
@@ -21,3 +22,36 @@ def family_options(card, defaults: dict, family: str) -> dict:
     if unknown:
         raise ValueError(f"{card.path}: options.{unknown[0]} is not a {family} option (known: {', '.join(defaults)})")
     return {**defaults, **card.options}
+
+
+def load_hub_split(card, split: str, local_files: str):
+    """One split of the card's Hub dataset (or its cache) -> (dataset, source name for messages).
+    Any failure, offline included, is one DataError that names the local alternative."""
+    import datasets
+
+    spec = card.splits[split]
+    if not card.hub or spec.hub is None:
+        raise DataError(f"{card.path}: no Hub source for split {split!r}; pass --data_dir with {local_files}")
+    source = f"{card.hub['path']}" + (f" ({card.hub['name']})" if card.hub.get("name") else "") + f" split {spec.hub}"
+    try:
+        dataset = datasets.load_dataset(card.hub["path"], card.hub.get("name"), split=spec.hub)
+    except Exception as err:  # any network/cache failure: say what to do instead
+        raise DataError(f"could not load {source} from the Hub or its cache ({type(err).__name__}: "
+                        f"{str(err)[:200]}); pass --data_dir with {local_files} instead") from None
+    return dataset, source
+
+
+def read_text(path, expected: str) -> str:
+    """A data file's text (UTF-8, a BOM allowed). A missing file or bytes that are not UTF-8 are
+    one DataError naming the file (and the line of the first bad byte), and what was expected."""
+    from pathlib import Path
+
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{path}: file not found; expected {expected}")
+    raw = path.read_bytes()
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        line_no = raw[: err.start].count(b"\n") + 1
+        raise DataError(f"{path}:{line_no}: not valid UTF-8 ({err.reason} at byte {err.start})") from None

@@ -16,7 +16,7 @@ from ..cards import TaskCard
 from ..metrics import glue_metrics
 from ..modeling_bert_suite import BertSuiteForSequenceClassification
 from ..report import atomic_write_text
-from . import DataError, split_file_stem
+from . import DataError, load_hub_split, read_text, split_file_stem
 
 MODEL_CLASS = BertSuiteForSequenceClassification
 
@@ -34,13 +34,7 @@ def read_tsv_split(card: TaskCard, split: str, path: Path, skip_bad_rows: bool =
     text, never quoting (QQP/MNLI contain them). Returns the dataset and the number of rows
     skipped (only with `skip_bad_rows`; otherwise a bad row is an error naming file and line)."""
     spec = card.splits[split]
-    if not path.is_file():
-        raise DataError(f"{path}: file not found (split {split!r} of task {card.name!r})")
-    try:
-        lines = path.read_text(encoding="utf-8-sig").splitlines()
-    except UnicodeDecodeError as err:
-        line_no = path.read_bytes()[: err.start].count(b"\n") + 1
-        raise DataError(f"{path}:{line_no}: not valid UTF-8 ({err.reason} at byte {err.start})") from None
+    lines = read_text(path, f"the TSV file of split {split!r} of task {card.name!r}").splitlines()
     if not lines:
         raise DataError(f"{path}: empty file; expected {'a header and ' if spec.header else ''}rows")
     first_row = 1
@@ -112,17 +106,10 @@ def load_split(card: TaskCard, split: str, data_dir: str | Path | None = None,
         if skipped:
             print(f"[bert_suite] {Path(data_dir) / spec.file}: skipped {skipped} malformed rows (--skip_bad_rows)")
         return dataset
-    if not card.hub or spec.hub is None:
-        raise DataError(f"{card.path}: no Hub source for split {split!r}; pass --data_dir with the task's files")
-    try:
-        dataset = datasets.load_dataset(card.hub["path"], card.hub.get("name"), split=spec.hub)
-    except Exception as err:  # any network/cache failure: say what to do instead
-        raise DataError(f"could not load {card.hub['path']} ({card.hub.get('name')}) split {spec.hub!r} from the "
-                        f"Hub or its cache ({type(err).__name__}: {str(err)[:200]}); pass --data_dir with the "
-                        "task's local files instead") from None
+    dataset, source = load_hub_split(card, split, "the task's local files")
     missing = [c for c in card.text_columns if c not in dataset.column_names]
     if missing:
-        raise DataError(f"{card.hub['path']}/{card.hub.get('name')} split {spec.hub}: no column {missing[0]!r}")
+        raise DataError(f"{source}: no column {missing[0]!r}")
     if "label" in dataset.column_names and not card.is_regression and min(dataset["label"]) < 0:
         dataset = dataset.remove_columns("label")  # the Hub marks unlabelled test rows with -1
     return dataset

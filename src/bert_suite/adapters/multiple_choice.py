@@ -35,7 +35,7 @@ import numpy as np
 from ..cards import TaskCard
 from ..modeling_bert_suite import BertSuiteForMultipleChoice
 from ..report import atomic_write_text
-from . import DataError, family_options, split_file_stem
+from . import DataError, family_options, load_hub_split, read_text, split_file_stem
 
 MODEL_CLASS = BertSuiteForMultipleChoice
 DEFAULT_ENDINGS = ["ending0", "ending1", "ending2", "ending3"]
@@ -123,11 +123,7 @@ def build_dataset(records: Iterable[Record], card: TaskCard, labelled: bool,
 def csv_records(path: Path, card: TaskCard, split: str, labelled: bool) -> Iterator[Record]:
     """The rows of an official SWAG CSV file as records, located by file and line. The header names the
     columns (the card's split `columns` may rename them); a leading unnamed column is the row index."""
-    try:
-        text = path.read_bytes().decode("utf-8-sig")
-    except UnicodeDecodeError as err:
-        line_no = path.read_bytes()[: err.start].count(b"\n") + 1
-        raise DataError(f"{path}:{line_no}: not valid UTF-8 ({err.reason} at byte {err.start})") from None
+    text = read_text(path, "the official SWAG CSV")
     # csv, not str.split: SWAG text holds commas, quotes and (quoted) line breaks.
     reader = csv.reader(io.StringIO(text, newline=""), strict=True)
     try:
@@ -210,15 +206,7 @@ def load_split(card: TaskCard, split: str, data_dir: str | Path | None = None,
         source = str(path)
         records = csv_records(path, card, split, labelled)
     else:
-        if not card.hub or spec.hub is None:
-            raise DataError(f"{card.path}: no Hub source for split {split!r}; pass --data_dir with the task's CSV files")
-        try:
-            hub = datasets.load_dataset(card.hub["path"], card.hub.get("name"), split=spec.hub)
-        except Exception as err:  # any network/cache failure: say what to do instead
-            raise DataError(f"cannot load {card.hub['path']} ({card.hub.get('name')}) split {spec.hub!r} from the Hub "
-                            f"or its cache ({type(err).__name__}: {str(err)[:200]}); pass --data_dir with the "
-                            "official CSV files (train.csv, val.csv, test.csv) instead") from None
-        source = f"{card.hub['path']} ({card.hub.get('name')}) split {spec.hub}"
+        hub, source = load_hub_split(card, split, "the official CSV files (train.csv, val.csv, test.csv)")
         records = hub_records(hub, source, card, labelled)
     dataset, skipped = build_dataset(records, card, labelled, skip_bad_rows)
     if skipped:

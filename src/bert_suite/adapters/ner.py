@@ -53,7 +53,7 @@ from seqeval.metrics.sequence_labeling import get_entities
 from ..cards import TaskCard
 from ..modeling_bert_suite import BertSuiteForTokenClassification
 from ..report import atomic_write_text
-from . import DataError, family_options, split_file_stem
+from . import DataError, family_options, load_hub_split, read_text, split_file_stem
 
 METRICS_USE_EXAMPLES = True  # metric_fn reads the split's examples (see runner.train_and_evaluate)
 MODEL_CLASS = BertSuiteForTokenClassification
@@ -233,14 +233,7 @@ def read_conll(path: str | Path, labels: Sequence[str], skip_bad_rows: bool = Fa
     "documents", "words", "skipped" (sentences), "skipped_documents"}."""
     path = Path(path)
     types = entity_types(labels)
-    if not path.is_file():
-        raise DataError(f"{path}: file not found; expected a CoNLL-2003 file (word POS chunk NER per line)")
-    raw = path.read_bytes()
-    try:
-        text = raw.decode("utf-8-sig")
-    except UnicodeDecodeError as err:
-        line_no = raw[: err.start].count(b"\n") + 1
-        raise DataError(f"{path}:{line_no}: not valid UTF-8 ({err.reason} at byte {err.start})") from None
+    text = read_text(path, "a CoNLL-2003 file (word POS chunk NER per line)")
 
     collector = _Collector(skip_bad_rows)
     columns: int | None = None
@@ -417,16 +410,8 @@ def load_split(card: TaskCard, split: str, data_dir: str | Path | None = None,
             path = path / spec.file
         dataset, info = read_conll(path, labels, skip_bad_rows, require_tags=split == card.train_split)
     else:
-        if not card.hub or spec.hub is None:
-            raise DataError(f"{card.path}: no Hub source for split {split!r}; pass --data_dir with the CoNLL-2003 "
-                            "files")
-        try:
-            rows = datasets.load_dataset(card.hub["path"], card.hub.get("name"), split=spec.hub)
-        except Exception as err:  # any network/cache failure: say what to do instead
-            raise DataError(f"could not load {card.hub['path']} split {spec.hub!r} from the Hub or its cache "
-                            f"({type(err).__name__}: {str(err)[:200]}); pass --data_dir with the CoNLL-2003 files "
-                            "(train.txt, valid.txt, test.txt) instead") from None
-        dataset, info = rows_to_dataset(rows, labels, f"{card.hub['path']} split {spec.hub}", skip_bad_rows)
+        rows, source = load_hub_split(card, split, "the CoNLL-2003 files (train.txt, valid.txt, test.txt)")
+        dataset, info = rows_to_dataset(rows, labels, source, skip_bad_rows)
         if split == card.train_split and info["scheme"] is None:
             raise DataError(f"{info['source']}: training data needs NER tags (no column 'ner_tags')")
     print(describe(info))

@@ -35,7 +35,7 @@ from ..cards import TaskCard
 from ..metrics import squad as scorer
 from ..modeling_bert_suite import BertSuiteForQuestionAnswering
 from ..report import atomic_write_text
-from . import DataError, family_options, split_file_stem
+from . import DataError, family_options, load_hub_split, read_text, split_file_stem
 
 METRICS_USE_EXAMPLES = True  # metric_fn reads the split's examples (see runner.train_and_evaluate)
 MODEL_CLASS = BertSuiteForQuestionAnswering
@@ -104,14 +104,7 @@ def read_squad_json(path: str | Path, skip_bad: bool = True, *, skip_bad_rows: b
     question, or, with `skip_bad_rows`, left out and counted in `skipped_questions`. Questions marked `is_impossible` get empty answers (plausible answers are
     not kept)."""
     path = Path(path)
-    if not path.is_file():
-        raise DataError(f"{path}: file not found; expected a SQuAD JSON file (e.g. train-v1.1.json, dev-v1.1.json)")
-    raw = path.read_bytes()
-    try:
-        text = raw.decode("utf-8-sig")
-    except UnicodeDecodeError as err:
-        line_no = raw[: err.start].count(b"\n") + 1
-        raise DataError(f"{path}:{line_no}: not valid UTF-8 ({err.reason} at byte {err.start})") from None
+    text = read_text(path, "a SQuAD JSON file (e.g. train-v1.1.json, dev-v1.1.json)")
     try:
         document = json.loads(text)
     except json.JSONDecodeError as err:
@@ -233,16 +226,7 @@ def load_split(card: TaskCard, split: str, data_dir: str | Path | None = None,
                                           require_answers=split == card.train_split)
         source = str(path)
     else:
-        if not card.hub or spec.hub is None:
-            raise DataError(f"{card.path}: no Hub source for split {split!r}; pass --data_dir with the SQuAD JSON "
-                            "files")
-        try:
-            dataset = datasets.load_dataset(card.hub["path"], card.hub.get("name"), split=spec.hub)
-        except Exception as err:  # any network/cache failure: say what to do instead
-            raise DataError(f"could not load {card.hub['path']} split {spec.hub!r} from the Hub or its cache "
-                            f"({type(err).__name__}: {str(err)[:200]}); pass --data_dir with the SQuAD JSON files "
-                            "(e.g. dev-v1.1.json) instead") from None
-        source = f"{card.hub['path']} split {spec.hub}"
+        dataset, source = load_hub_split(card, split, "the SQuAD JSON files (e.g. dev-v1.1.json)")
         missing = [c for c in ("id", "context", "question", "answers") if c not in dataset.column_names]
         if missing:
             raise DataError(f"{source}: no column {missing[0]!r}; expected the rajpurkar/squad layout")
