@@ -38,7 +38,6 @@ one tag per word with them; `ner_scores` scores tags at entity level like conlle
 from __future__ import annotations
 
 import itertools
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,9 +47,9 @@ import datasets
 import numpy as np
 import pyarrow as pa
 import torch
-from seqeval.metrics.sequence_labeling import get_entities
 
 from ..cards import TaskCard
+from ..metrics.ner import ner_scores  # noqa: F401  (part of this module's API: the feature-based route)
 from ..modeling_bert_suite import BertSuiteForTokenClassification
 from ..report import atomic_write_text
 from . import DataError, family_options, load_hub_split, read_text, split_file_stem
@@ -765,37 +764,6 @@ def word_predictions(examples: Any, features: Any, logits: Any) -> list[list[int
     out = np.empty(int(sentence_lengths.sum()), dtype=np.int64)
     out[word] = logits[feature, position].argmax(-1)
     return [part.tolist() for part in np.split(out, np.cumsum(sentence_lengths)[:-1])]
-
-
-def ner_scores(gold_tags: list[list[str]], predicted_tags: list[list[str]]) -> dict[str, float]:
-    """Entity-level precision, recall and F1 (micro over all entities, and per type as TYPE_precision,
-    TYPE_recall, TYPE_f1 for every type in the gold or predicted tags) and token accuracy, all fractions (0 where
-    undefined). Entities are read as conlleval reads them, with seqeval's default-mode chunker: an entity starts
-    at B-, or at an I- after O, after another type or at a sentence start, so an invalid predicted I- still
-    counts; a predicted entity is correct when its type and both boundaries match a gold entity. Equal to
-    seqeval's precision/recall/f1 (default mode), computed from one pass over each side."""
-    if len(gold_tags) != len(predicted_tags) or any(len(g) != len(p) for g, p in zip(gold_tags, predicted_tags,
-                                                                                   strict=True)):
-        raise ValueError("gold and predicted tags must have the same sentences and lengths")
-    gold = set(get_entities([list(t) for t in gold_tags]))
-    predicted = set(get_entities([list(t) for t in predicted_tags]))
-    words = sum(map(len, gold_tags))
-    right = sum(g == p for gs, ps in zip(gold_tags, predicted_tags, strict=True) for g, p in zip(gs, ps, strict=True))
-    scores = _prf(len(gold & predicted), len(predicted), len(gold))
-    scores["accuracy"] = right / words if words else 0.0
-    per_gold, per_predicted = Counter(e[0] for e in gold), Counter(e[0] for e in predicted)
-    per_correct = Counter(e[0] for e in gold & predicted)
-    for kind in sorted(per_gold | per_predicted):
-        prf = _prf(per_correct[kind], per_predicted[kind], per_gold[kind])
-        scores.update({f"{kind}_{name}": value for name, value in prf.items()})
-    return scores
-
-
-def _prf(correct: int, predicted: int, gold: int) -> dict[str, float]:
-    precision = correct / predicted if predicted else 0.0
-    recall = correct / gold if gold else 0.0
-    f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
-    return {"precision": precision, "recall": recall, "f1": f1}
 
 
 # ----------------------------------------------------------------------------------------------------------------
