@@ -1,6 +1,8 @@
 """Task adapters: one module per task family (load, preprocess, postprocess, metrics), and what
 they share."""
 
+import numpy as np
+
 
 class DataError(ValueError):
     """Input data that cannot be used; the message names the file, the record and the expectation."""
@@ -55,3 +57,18 @@ def read_text(path, expected: str) -> str:
     except UnicodeDecodeError as err:
         line_no = raw[: err.start].count(b"\n") + 1
         raise DataError(f"{path}:{line_no}: not valid UTF-8 ({err.reason} at byte {err.start})") from None
+
+
+# Windows over a long sequence, shared by SQuAD (contexts) and NER (documents).
+def num_windows(num_tokens, window_length: int, stride: int):
+    """Number of windows over sequences of `num_tokens` sub-tokens (scalar or array): starts 0, stride,
+    2*stride, ... up to the first window that reaches the last sub-token (one window for an empty sequence)."""
+    if window_length < 1 or not 1 <= stride <= window_length:
+        raise ValueError(f"window length {window_length} and stride {stride}: need 1 <= stride <= window length")
+    excess = np.maximum(np.asarray(num_tokens, dtype=np.int64) - window_length, 0)
+    return 1 + (excess + stride - 1) // stride
+
+
+def window_starts(num_tokens: int, window_length: int, stride: int) -> np.ndarray:
+    """Start of each window over one sequence; window k covers [k*stride, min(k*stride + window_length, n))."""
+    return stride * np.arange(int(num_windows(num_tokens, window_length, stride)), dtype=np.int64)

@@ -52,7 +52,15 @@ from ..cards import TaskCard
 from ..metrics.ner import ner_scores  # noqa: F401  (part of this module's API: the feature-based route)
 from ..modeling_bert_suite import BertSuiteForTokenClassification
 from ..report import atomic_write_text
-from . import DataError, family_options, load_hub_split, read_text, split_file_stem
+from . import (
+    DataError,
+    family_options,
+    load_hub_split,
+    num_windows,
+    read_text,
+    split_file_stem,
+    window_starts,  # noqa: F401  (part of this module's API, shared with SQuAD)
+)
 
 METRICS_USE_EXAMPLES = True  # metric_fn reads the split's examples (see runner.train_and_evaluate)
 MODEL_CLASS = BertSuiteForTokenClassification
@@ -424,20 +432,6 @@ def load_split(card: TaskCard, split: str, data_dir: str | Path | None = None,
 def default_stride(window_length: int) -> int:
     """Half a window (at least 1 sub-token)."""
     return max(1, window_length // 2)
-
-
-def num_windows(num_tokens, window_length: int, stride: int):
-    """Number of windows over sequences of `num_tokens` sub-tokens (scalar or array): starts 0, stride,
-    2*stride, ... up to the first window that reaches the last sub-token (one window for an empty sequence)."""
-    if window_length < 1 or not 1 <= stride <= window_length:
-        raise ValueError(f"window length {window_length} and stride {stride}: need 1 <= stride <= window length")
-    excess = np.maximum(np.asarray(num_tokens, dtype=np.int64) - window_length, 0)
-    return 1 + (excess + stride - 1) // stride
-
-
-def window_starts(num_tokens: int, window_length: int, stride: int) -> np.ndarray:
-    """Start of each window over one sequence; window k covers [k*stride, min(k*stride + window_length, n))."""
-    return stride * np.arange(int(num_windows(num_tokens, window_length, stride)), dtype=np.int64)
 
 
 def max_context_windows(positions, num_tokens, window_length: int, stride: int) -> np.ndarray:

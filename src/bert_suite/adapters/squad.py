@@ -36,6 +36,7 @@ from ..metrics import squad as scorer
 from ..modeling_bert_suite import BertSuiteForQuestionAnswering
 from ..report import atomic_write_text
 from . import DataError, family_options, load_hub_split, read_text, split_file_stem
+from . import window_starts as shared_window_starts
 
 METRICS_USE_EXAMPLES = True  # metric_fn reads the split's examples (see runner.train_and_evaluate)
 MODEL_CLASS = BertSuiteForQuestionAnswering
@@ -251,11 +252,7 @@ def window_starts(num_tokens: int, window_length: int, doc_stride: int) -> list[
     possibly empty, when the context has no tokens)."""
     if window_length < 1 or doc_stride < 1:
         raise ValueError(f"window length ({window_length}) and doc_stride ({doc_stride}) must be positive")
-    step = min(window_length, doc_stride)
-    starts = [0]
-    while starts[-1] + window_length < num_tokens:
-        starts.append(starts[-1] + step)
-    return starts
+    return shared_window_starts(num_tokens, window_length, min(window_length, doc_stride)).tolist()
 
 
 def max_context_windows(starts: list[int], num_tokens: int, window_length: int) -> np.ndarray:
