@@ -622,11 +622,13 @@ def write_outputs(directory: Path, card: TaskCard, split: str, examples, feature
     written with it, and it is returned so the runner keeps it beside the checkpoint."""
     version_2 = bool(squad_options(card)["version_2_with_negative"])
     chosen = {}
-    threshold = float(settings.get(THRESHOLD_KEY, 0.0))
-    if version_2 and THRESHOLD_KEY not in settings and any(len(a["text"]) for a in examples["answers"]):
-        result = _result(card, examples, features, predictions)
-        threshold = _chosen_threshold(card, examples, result)
-        chosen[THRESHOLD_KEY] = threshold
-    result = _result(card, examples, features, predictions, threshold)
+    result = _result(card, examples, features, predictions)
+    if version_2:
+        threshold = float(settings.get(THRESHOLD_KEY, 0.0))
+        if THRESHOLD_KEY not in settings and any(len(a["text"]) for a in examples["answers"]):
+            threshold = chosen[THRESHOLD_KEY] = _chosen_threshold(card, examples, result)
+        # The threshold only decides between each question's best span and no answer: no second pass.
+        result["predictions"] = {qid: "" if result["null_odds"][qid] > threshold else text
+                                 for qid, text in result["best_non_null"].items()}
     write_prediction_files(output_path(directory, card, split).parent, result, version_2)
     return chosen
