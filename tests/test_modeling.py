@@ -105,25 +105,66 @@ def inputs_for(name):
     return batch()
 
 
-def max_diff(a, b, fields):
-    return max((getattr(a, f) - getattr(b, f)).abs().max().item() for f in fields)
+def max_diff(a, b, fields, real=None):
+    """Largest |a - b| over the fields; with `real` (the attention mask), per-token fields are
+    compared at real tokens only (the unpadded path leaves padding positions at zero)."""
+    def values(out, f):
+        t = getattr(out, f)
+        return t[real.bool()] if real is not None and t.shape[: real.dim()] == real.shape else t
+    return max((values(a, f) - values(b, f)).abs().max().item() for f in fields)
 
 
+@pytest.mark.parametrize("unpad", [True, False], ids=["unpadded", "padded"])
 @pytest.mark.parametrize("bin_weights", [False, True], ids=["safetensors", "bin"])
 @pytest.mark.parametrize("name", list(HEADS))
-def test_stock_checkpoint_loads_with_identical_outputs(name, bin_weights, tmp_path, report):
+def test_stock_checkpoint_loads_with_identical_outputs(name, bin_weights, unpad, tmp_path, report):
+    """Every head gives stock outputs and losses: at every position with unpad_inputs=False, and at
+    every real token with the default unpadded path (padding rows are zeros there, not stock's)."""
     ours_cls, _, _, fields = HEADS[name]
     stock = save_stock(name, tmp_path, bin_weights)
-    ours, info = ours_cls.from_pretrained(tmp_path, output_loading_info=True)
+    ours, info = ours_cls.from_pretrained(tmp_path, output_loading_info=True, unpad_inputs=unpad)
     assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info
     ours.eval()
     inputs = inputs_for(name)
     inputs.update(labels_for(name, inputs))
     with torch.no_grad():
-        diff = max_diff(stock(**inputs), ours(**inputs), fields)
+        a, b = stock(**inputs), ours(**inputs)
+    real = inputs["attention_mask"] if unpad and name != "ForQuestionAnswering" else None
+    diff = max_diff(a, b, fields, real)
     assert diff <= TOL
+    per_token = [f for f in fields if real is not None and getattr(b, f).shape[: real.dim()] == real.shape]
+    for field in per_token:  # the unpadded path really ran: padding rows differ from stock's
+        padded = getattr(b, field)[~real.bool()]
+        assert padded.numel() and not torch.allclose(getattr(a, field)[~real.bool()], padded, atol=1e-3)
     if not bin_weights:
-        report(f"parity max|ours-stock| {name}", f"{diff:.2e}")
+        report(f"parity max|ours-stock| {name} ({'unpadded' if unpad else 'padded'})", f"{diff:.2e}")
+
+
+@pytest.mark.parametrize("size", ["tiny", "mini"])
+def test_unpadded_training_step_matches_the_padded_one(size):
+    """Loss and every gradient of a pre-training step agree between the unpadded and the padded
+    computation (dropout off), and the unpadded path never embeds the padding tokens."""
+    inputs = batch((3, 11))
+    labels = torch.full_like(inputs["input_ids"], -100)
+    labels[:, 2] = inputs["input_ids"][:, 2]
+    results = {}
+    for unpad in (True, False):
+        torch.manual_seed(0)
+        config = BertSuiteConfig.from_preset(size, vocab_size=VOCAB, hidden_dropout_prob=0.0,
+                                             attention_probs_dropout_prob=0.0, unpad_inputs=unpad)
+        model = BertSuiteForPreTraining(config).train()
+        ids = inputs["input_ids"].clone()
+        if unpad:  # padding ids that would fail if they were ever looked up
+            ids[inputs["attention_mask"] == 0] = 10_000
+        out = model(input_ids=ids, attention_mask=inputs["attention_mask"], token_type_ids=inputs["token_type_ids"],
+                    labels=labels, next_sentence_label=torch.tensor([0, 1, 0]), masked_positions_only=True)
+        out.loss.backward()
+        results[unpad] = out.loss.item(), {n: p.grad.clone() for n, p in model.named_parameters()}
+    (loss_a, grads_a), (loss_b, grads_b) = results[True], results[False]
+    assert abs(loss_a - loss_b) < 1e-5
+    assert grads_a.keys() == grads_b.keys()
+    for name in grads_a:
+        assert torch.allclose(grads_a[name], grads_b[name], atol=1e-5, rtol=1e-4), name
 
 
 def test_pretraining_checkpoint_into_task_head_only_initialises_the_head(tmp_path):
@@ -193,8 +234,9 @@ def test_export_to_stock_bert_gives_identical_outputs(name, tmp_path):
     assert not info["missing_keys"] and not info["unexpected_keys"]
     inputs = inputs_for(name)
     inputs.update(labels_for(name, inputs))
+    real = None if name == "ForQuestionAnswering" else inputs["attention_mask"]
     with torch.no_grad():
-        assert max_diff(stock.eval()(**inputs), model(**inputs), fields) <= TOL
+        assert max_diff(stock.eval()(**inputs), model(**inputs), fields, real) <= TOL
 
 
 def test_export_refuses_a_checkpoint_without_nsp(tmp_path, capsys):
@@ -258,7 +300,8 @@ def test_causal_switch_matches_stock_is_decoder(tmp_path):
     assert ours.config.causal_attention
     inputs = batch()
     with torch.no_grad():
-        assert max_diff(stock(**inputs, use_cache=False), ours(**inputs), ["last_hidden_state"]) <= TOL
+        assert max_diff(stock(**inputs, use_cache=False), ours(**inputs), ["last_hidden_state"],
+                        inputs["attention_mask"]) <= TOL
 
 
 def test_nsp_switch_removes_the_head_and_its_loss():
@@ -359,9 +402,13 @@ def test_output_hidden_states_and_attentions():
     assert probs.shape == (3, 2, 11, 11)
     assert torch.allclose(probs.sum(-1), torch.ones(3, 2, 11), atol=1e-5)
     assert probs[2, :, :, 4:].abs().max() < 1e-6  # padding keys get no attention
-    with torch.no_grad():
+    with torch.no_grad():  # attentions asked for: the padded path; otherwise unpadded
         plain = model(**inputs).last_hidden_state
-    assert torch.allclose(out.last_hidden_state, plain, atol=1e-5)
+        hidden = model(**inputs, output_hidden_states=True).hidden_states
+    real = inputs["attention_mask"].bool()
+    assert torch.allclose(out.last_hidden_state[real], plain[real], atol=1e-5)
+    assert len(hidden) == 3 and all(torch.allclose(a[real], b[real], atol=1e-5) for a, b in zip(hidden, out.hidden_states, strict=True))
+    assert all(h[~real].abs().max() == 0 for h in hidden)
 
 
 def test_version_is_exposed():
@@ -385,3 +432,21 @@ def test_masked_positions_only_gives_the_same_loss_for_less_work():
         logits = sparse.prediction_logits if cls is BertSuiteForPreTraining else sparse.logits
         dense_logits = dense.prediction_logits if cls is BertSuiteForPreTraining else dense.logits
         assert logits.shape == (4, 50) and torch.allclose(logits, dense_logits[labels != -100], atol=1e-6)
+
+
+def test_unpadding_is_skipped_when_padding_is_rare():
+    """Below UNPAD_MIN_PADDING the padded computation runs (padding rows equal stock's, not zeros)."""
+    from bert_suite.modeling_bert_suite import UNPAD_MIN_PADDING, Unpadded
+
+    mask = torch.ones(4, 50, dtype=torch.long)
+    mask[0, -int(UNPAD_MIN_PADDING * 200) + 1:] = 0  # just under the threshold
+    assert Unpadded.from_mask(mask) is None
+    mask[1, -2:] = 0
+    layout = Unpadded.from_mask(mask)
+    assert layout is not None and layout.index.numel() == int(mask.sum())
+    rows = torch.randn(layout.index.numel(), 3, requires_grad=True)
+    padded = layout.pad(rows)
+    assert padded.shape == (4, 50, 3) and padded[mask == 0].abs().max() == 0
+    assert torch.equal(layout.unpad(padded), rows)
+    (layout.unpad(padded) * 2).sum().backward()
+    assert torch.equal(rows.grad, torch.full_like(rows, 2.0))

@@ -84,7 +84,7 @@ def recipe_args(setup: Path, out: Path, *extra: str) -> list[str]:
             "tokenizer=" + str(setup / "vocab.txt"), "output_dir=" + str(out), "model_size=tiny",
             "learning_rate=0.003", "warmup_steps=2", "per_device_train_batch_size=16",
             "per_device_train_batch_size_phase2=8", "report_to=none", "logging_steps=1", "eval_steps=1000",
-            "eval_batches=2", "max_predictions_per_seq=5", "max_predictions_per_seq_phase2=10", *extra]
+            "eval_batches=2", "eval_fraction=0.1", "max_predictions_per_seq=5", "max_predictions_per_seq_phase2=10", *extra]
 
 
 def fresh_state():

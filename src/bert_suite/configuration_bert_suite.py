@@ -59,6 +59,10 @@ class BertSuiteConfig(PreTrainedConfig):
     Extra fields:
         causal_attention: left-to-right attention (the paper's "LTR" ablation, Table 5).
         use_nsp: build the next-sentence-prediction head in `BertSuiteForPreTraining` ("No NSP").
+        unpad_inputs: run the dense layers on the real tokens only when a batch is padded (the
+            attention itself still sees the padded layout, so every real position's output is
+            the same); outputs at padding positions are then zeros instead of stock BERT's
+            values computed from the padding tokens. False: the stock computation everywhere.
     """
 
     model_type = "bert_suite"
@@ -79,6 +83,7 @@ class BertSuiteConfig(PreTrainedConfig):
     classifier_dropout: float | int | None = None
     causal_attention: bool = False
     use_nsp: bool = True
+    unpad_inputs: bool = True
     tie_word_embeddings: bool = True
 
     def __post_init__(self, **kwargs):
@@ -144,7 +149,7 @@ class BertSuiteConfig(PreTrainedConfig):
     def to_bert_dict(self) -> dict:
         """The same architecture as a stock `transformers.BertConfig` dictionary (model_type bert)."""
         out = self.to_dict()
-        for key in ("causal_attention", "use_nsp", "auto_map", "model_type", "architectures", "dtype"):
+        for key in ("causal_attention", "use_nsp", "unpad_inputs", "auto_map", "model_type", "architectures", "dtype"):
             out.pop(key, None)
         out["is_decoder"] = self.causal_attention
         return out

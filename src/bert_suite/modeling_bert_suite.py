@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -50,16 +51,11 @@ class BertSuiteEmbeddings(nn.Module):
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
     def forward(self, input_ids, token_type_ids=None, position_ids=None, inputs_embeds=None):
+        """(batch, seq) inputs, or flat (tokens,) ones with their position_ids (the unpadded path)."""
         if inputs_embeds is None:
             inputs_embeds = self.word_embeddings(input_ids)
-        seq_len = inputs_embeds.shape[1]
-        if seq_len > self.position_embeddings.num_embeddings:
-            raise ValueError(
-                f"sequence length {seq_len} exceeds max_position_embeddings "
-                f"({self.position_embeddings.num_embeddings}); truncate the input"
-            )
         if position_ids is None:
-            position_ids = torch.arange(seq_len, device=inputs_embeds.device)[None]
+            position_ids = torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device)[None]
         embeddings = inputs_embeds + self.position_embeddings(position_ids)
         if token_type_ids is None:
             embeddings = embeddings + self.token_type_embeddings.weight[0]
@@ -71,6 +67,70 @@ class BertSuiteEmbeddings(nn.Module):
 # ---------------------------------------------------------------------------------------------
 # Encoder
 # ---------------------------------------------------------------------------------------------
+
+
+class _Rows(torch.autograd.Function):
+    """rows = padded[index] (flat rows). The indices are unique, so the backward is a plain
+    index_copy into zeros rather than autograd's generic index_add (several times slower on CPU)."""
+
+    @staticmethod
+    def forward(ctx, padded, index):
+        ctx.save_for_backward(index)
+        ctx.total = padded.shape[0]
+        return padded.index_select(0, index)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (index,) = ctx.saved_tensors
+        return grad.new_zeros((ctx.total, *grad.shape[1:])).index_copy_(0, index, grad), None
+
+
+class _Padded(torch.autograd.Function):
+    """padded = zeros with `rows` copied to `index`; the backward gathers the rows' gradients."""
+
+    @staticmethod
+    def forward(ctx, rows, index, total):
+        ctx.save_for_backward(index)
+        return rows.new_zeros((total, *rows.shape[1:])).index_copy_(0, index, rows)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (index,) = ctx.saved_tensors
+        return grad.index_select(0, index), None, None
+
+
+# Unpadding costs a gather and four scatters per layer; it pays when at least this share of the
+# batch is padding (measured on CPU: benchmarks/RESULTS.md, "Performance").
+UNPAD_MIN_PADDING = 0.1
+
+
+class Unpadded(NamedTuple):
+    """Where the real tokens of a padded (batch, seq_len) batch are: their flat row indices. The
+    dense layers run on the (tokens, width) rows; attention scatters them back into the padded
+    layout, so each real token sees exactly the keys it sees in the padded computation."""
+
+    index: torch.Tensor  # (tokens,) rows of the flattened batch * seq_len
+    batch: int
+    seq_len: int
+
+    @classmethod
+    def from_mask(cls, attention_mask, min_padding: float = UNPAD_MIN_PADDING):
+        """None when less than `min_padding` of the batch is padding (the padded path is then as
+        fast, without the gathers)."""
+        keep = attention_mask.reshape(-1).to(torch.bool)
+        index = keep.nonzero().squeeze(1)
+        if index.numel() > (1 - min_padding) * keep.numel():
+            return None
+        return cls(index, *attention_mask.shape)
+
+    def pad(self, rows):
+        """(tokens, ...) -> (batch, seq_len, ...), zeros at padding positions."""
+        padded = _Padded.apply(rows, self.index, self.batch * self.seq_len)
+        return padded.view(self.batch, self.seq_len, *rows.shape[1:])
+
+    def unpad(self, padded):
+        """(batch, seq_len, ...) -> (tokens, ...)."""
+        return _Rows.apply(padded.reshape(self.batch * self.seq_len, *padded.shape[2:]), self.index)
 
 
 def attention_bias(attention_mask, seq_len, causal, dtype, device):
@@ -105,10 +165,14 @@ class BertSuiteSelfAttention(nn.Module):
         self.value = nn.Linear(config.hidden_size, config.hidden_size)
         self.dropout_p = config.attention_probs_dropout_prob
 
-    def forward(self, hidden_states, bias, output_attentions=False):
-        batch, seq_len, width = hidden_states.shape
+    def forward(self, hidden_states, bias, output_attentions=False, layout: Unpadded | None = None):
+        if layout is None:
+            batch, seq_len, width = hidden_states.shape
+        else:  # (tokens, width) rows: back to the padded layout for the attention only
+            batch, seq_len, width = layout.batch, layout.seq_len, hidden_states.shape[-1]
         q, k, v = (
-            proj(hidden_states).view(batch, seq_len, self.num_heads, self.head_dim).transpose(1, 2)
+            (proj(hidden_states) if layout is None else layout.pad(proj(hidden_states)))
+            .view(batch, seq_len, self.num_heads, self.head_dim).transpose(1, 2)
             for proj in (self.query, self.key, self.value)
         )
         dropout_p = self.dropout_p if self.training else 0.0
@@ -119,7 +183,8 @@ class BertSuiteSelfAttention(nn.Module):
             context = F.dropout(probs, dropout_p, self.training) @ v
         else:
             context = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p)
-        return context.transpose(1, 2).reshape(batch, seq_len, width), probs
+        context = context.transpose(1, 2).reshape(batch, seq_len, width)
+        return (context if layout is None else layout.unpad(context)), probs
 
 
 class BertSuiteResidualOutput(nn.Module):
@@ -141,8 +206,8 @@ class BertSuiteAttention(nn.Module):
         self.self = BertSuiteSelfAttention(config)
         self.output = BertSuiteResidualOutput(config, config.hidden_size)
 
-    def forward(self, hidden_states, bias, output_attentions=False):
-        context, probs = self.self(hidden_states, bias, output_attentions)
+    def forward(self, hidden_states, bias, output_attentions=False, layout=None):
+        context, probs = self.self(hidden_states, bias, output_attentions, layout)
         return self.output(context, hidden_states), probs
 
 
@@ -163,8 +228,8 @@ class BertSuiteLayer(GradientCheckpointingLayer):
         self.intermediate = BertSuiteIntermediate(config)
         self.output = BertSuiteResidualOutput(config, config.intermediate_size)
 
-    def forward(self, hidden_states, bias=None, output_attentions=False):
-        attended, probs = self.attention(hidden_states, bias, output_attentions)
+    def forward(self, hidden_states, bias=None, output_attentions=False, layout=None):
+        attended, probs = self.attention(hidden_states, bias, output_attentions, layout)
         return self.output(self.intermediate(attended), attended), probs
 
 
@@ -173,11 +238,11 @@ class BertSuiteEncoder(nn.Module):
         super().__init__()
         self.layer = nn.ModuleList([BertSuiteLayer(config) for _ in range(config.num_hidden_layers)])
 
-    def forward(self, hidden_states, bias, output_hidden_states=False, output_attentions=False):
+    def forward(self, hidden_states, bias, output_hidden_states=False, output_attentions=False, layout=None):
         all_hidden = (hidden_states,) if output_hidden_states else None
         all_probs = () if output_attentions else None
         for layer in self.layer:
-            hidden_states, probs = layer(hidden_states, bias, output_attentions)
+            hidden_states, probs = layer(hidden_states, bias, output_attentions, layout)
             if output_hidden_states:
                 all_hidden += (hidden_states,)
             if output_attentions:
@@ -338,8 +403,9 @@ class BertSuitePreTrainedModel(PreTrainedModel):
         return result
 
     def _encode(self, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
-                output_attentions, output_hidden_states):
+                output_attentions, output_hidden_states, unpad=None):
         return self.bert(
+            unpad=unpad,
             input_ids=input_ids,
             attention_mask=attention_mask,
             token_type_ids=token_type_ids,
@@ -380,18 +446,42 @@ class BertSuiteModel(BertSuitePreTrainedModel):
         output_attentions=None,
         output_hidden_states=None,
         return_dict=None,
+        unpad=None,
     ):
+        """`unpad` (default `config.unpad_inputs`): see `BertSuiteConfig`; it applies to padded
+        batches with a (batch, seq) attention mask, and not when attentions are returned."""
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("pass exactly one of input_ids or inputs_embeds")
         output_attentions = self.config.output_attentions if output_attentions is None else output_attentions
         output_hidden_states = (
             self.config.output_hidden_states if output_hidden_states is None else output_hidden_states
         )
-        hidden = self.embeddings(input_ids, token_type_ids, position_ids, inputs_embeds)
-        bias = attention_bias(
-            attention_mask, hidden.shape[1], self.config.causal_attention, hidden.dtype, hidden.device
-        )
-        sequence_output, all_hidden, all_probs = self.encoder(hidden, bias, output_hidden_states, output_attentions)
+        batch, seq_len = (input_ids if input_ids is not None else inputs_embeds).shape[:2]
+        if seq_len > self.config.max_position_embeddings:
+            raise ValueError(
+                f"sequence length {seq_len} exceeds max_position_embeddings "
+                f"({self.config.max_position_embeddings}); truncate the input"
+            )
+        unpad = self.config.unpad_inputs if unpad is None else unpad
+        layout = None
+        if unpad and not output_attentions and attention_mask is not None and attention_mask.dim() == 2:
+            layout = Unpadded.from_mask(attention_mask)
+        if layout is None:
+            hidden = self.embeddings(input_ids, token_type_ids, position_ids, inputs_embeds)
+        else:  # embed the real tokens only
+            device = (input_ids if input_ids is not None else inputs_embeds).device
+            if position_ids is None:
+                position_ids = torch.arange(seq_len, device=device)[None]
+            rows = {name: None if t is None else layout.unpad(t.expand(batch, seq_len, *t.shape[2:]))
+                    for name, t in (("input_ids", input_ids), ("token_type_ids", token_type_ids),
+                                    ("position_ids", position_ids), ("inputs_embeds", inputs_embeds))}
+            hidden = self.embeddings(**rows)
+        bias = attention_bias(attention_mask, seq_len, self.config.causal_attention, hidden.dtype, hidden.device)
+        sequence_output, all_hidden, all_probs = self.encoder(
+            hidden, bias, output_hidden_states, output_attentions, layout)
+        if layout is not None:
+            sequence_output = layout.pad(sequence_output)
+            all_hidden = None if all_hidden is None else tuple(layout.pad(h) for h in all_hidden)
         out = BaseModelOutputWithPoolingAndCrossAttentions(
             last_hidden_state=sequence_output,
             pooler_output=self.pooler(sequence_output) if self.pooler is not None else None,
@@ -627,8 +717,10 @@ class BertSuiteForQuestionAnswering(BertSuitePreTrainedModel):
         output_hidden_states=None,
         return_dict=None,
     ):
+        # The stock loss includes the logits at padding positions, computed from the padding
+        # tokens: keep the padded computation so that training is the stock one.
         enc = self._encode(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
-                           output_attentions, output_hidden_states)
+                           output_attentions, output_hidden_states, unpad=False)
         start_logits, end_logits = self.qa_outputs(enc.last_hidden_state).unbind(-1)
         start_logits, end_logits = start_logits.contiguous(), end_logits.contiguous()
         loss = None

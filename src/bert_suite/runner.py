@@ -6,7 +6,12 @@ MODEL_CLASS, model_kwargs(card), load_split, preprocess(..., train), metric_fn(c
 features), output_path, write_outputs(directory, card, split, examples, features, predictions,
 settings), and optionally collator(tokenizer) (default: dynamic padding). write_outputs
 returns settings to keep beside the checkpoint (e.g. SQuAD v2's null threshold, chosen on dev and
-applied by `predict`)."""
+applied by `predict`).
+
+Speed (benchmarks/RESULTS.md, "Performance"): `SuiteTrainer` evaluates and predicts in batches of
+examples sorted by length and returns every output in the dataset's order, and trains on batches
+of similar length visited in random order (`--train_sampling_strategy random` turns that off);
+with the model's unpadded dense layers, little work is spent on padding."""
 
 from __future__ import annotations
 
@@ -21,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import datasets
+import numpy as np
 import torch
 import transformers
 from transformers import AutoTokenizer, DataCollatorWithPadding, Trainer, TrainingArguments
@@ -32,6 +38,108 @@ from .configuration_bert_suite import BertSuiteConfig
 from .report import atomic_write_text
 
 TASK_SETTINGS_FILE = "bert_suite_task.json"  # settings chosen on dev, kept with the checkpoint
+
+
+def example_lengths(dataset) -> list[int]:
+    """Tokens per example (the longest choice for multiple choice)."""
+    return [max(map(len, ids)) if ids and isinstance(ids[0], list) else len(ids) for ids in dataset["input_ids"]]
+
+
+class LengthBucketSampler(torch.utils.data.Sampler):
+    """Training order with little padding: shuffle, cut into pools of 50 batches, sort each pool
+    by length, cut it into batches and visit all batches in a random order (the short last batch
+    stays last, so that batch boundaries hold). Each epoch is a new random order, and batches are
+    not ordered by length (transformers' LengthGroupedSampler goes longest first in each pool)."""
+
+    def __init__(self, lengths: list[int], batch_size: int, seed: int, pool_batches: int = 50):
+        self.lengths, self.batch_size, self.pool = lengths, batch_size, pool_batches * batch_size
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def __len__(self):
+        return len(self.lengths)
+
+    def __iter__(self):
+        order = torch.randperm(len(self.lengths), generator=self.generator).tolist()
+        batches = []
+        for start in range(0, len(order), self.pool):
+            pool = sorted(order[start:start + self.pool], key=self.lengths.__getitem__)
+            batches += [pool[i:i + self.batch_size] for i in range(0, len(pool), self.batch_size)]
+        last = [batches.pop()] if batches and len(batches[-1]) < self.batch_size else []
+        for b in [*torch.randperm(len(batches), generator=self.generator).tolist()]:
+            yield from batches[b]
+        for batch in last:
+            yield from batch
+
+
+class _FixedOrder(torch.utils.data.Sampler):
+    def __init__(self, order: list[int]):
+        self.order = order
+
+    def __len__(self):
+        return len(self.order)
+
+    def __iter__(self):
+        return iter(self.order)
+
+
+def _reorder(values, inverse):
+    """Put rows produced in sorted order back into dataset order (arrays, possibly nested)."""
+    if values is None:
+        return None
+    if isinstance(values, (tuple, list)):
+        return type(values)(_reorder(v, inverse) for v in values)
+    if isinstance(values, dict):
+        return {k: _reorder(v, inverse) for k, v in values.items()}
+    return values[inverse] if getattr(values, "ndim", 0) and len(values) == len(inverse) else values
+
+
+class SuiteTrainer(Trainer):
+    """Trainer whose evaluation and prediction run over examples sorted by length (outputs, and
+    what compute_metrics sees, come back in the dataset's order), and whose `group_by_length`
+    training order is `LengthBucketSampler`."""
+
+    _eval_inverse = None
+
+    @property
+    def compute_metrics(self):
+        metric, inverse = self._metric, self._eval_inverse
+        if metric is None or inverse is None:
+            return metric
+
+        def in_dataset_order(p: transformers.EvalPrediction):
+            return metric(transformers.EvalPrediction(
+                predictions=_reorder(p.predictions, inverse), label_ids=_reorder(p.label_ids, inverse),
+                inputs=_reorder(p.inputs, inverse), losses=_reorder(p.losses, inverse)))
+        return in_dataset_order
+
+    @compute_metrics.setter
+    def compute_metrics(self, fn):
+        self._metric = fn
+
+    def _get_train_sampler(self, train_dataset=None):
+        dataset = train_dataset if train_dataset is not None else self.train_dataset
+        if (self.args.train_sampling_strategy == "group_by_length" and self.args.world_size <= 1
+                and isinstance(dataset, datasets.Dataset) and "input_ids" in dataset.column_names):
+            seed = self.args.data_seed if self.args.data_seed is not None else self.args.seed
+            return LengthBucketSampler(example_lengths(dataset), self.args.train_batch_size, seed)
+        return super()._get_train_sampler(train_dataset)
+
+    def _get_eval_sampler(self, eval_dataset):
+        self._eval_inverse = None
+        if (self.args.world_size > 1 or not isinstance(eval_dataset, datasets.Dataset)
+                or "input_ids" not in eval_dataset.column_names):
+            return super()._get_eval_sampler(eval_dataset)
+        order = np.argsort(example_lengths(eval_dataset), kind="stable")
+        self._eval_inverse = np.empty_like(order)
+        self._eval_inverse[order] = np.arange(len(order))
+        return _FixedOrder(order.tolist())
+
+    def predict(self, *args, **kwargs):
+        out = super().predict(*args, **kwargs)
+        if self._eval_inverse is None:
+            return out
+        return out._replace(predictions=_reorder(out.predictions, self._eval_inverse),
+                            label_ids=_reorder(out.label_ids, self._eval_inverse))
 
 
 def adapter_for(card: TaskCard):
@@ -154,7 +262,7 @@ def train_and_evaluate(prepared: Prepared, model_name: str, args: TrainingArgume
     # compute_metrics cannot tell which split it scores; families whose metrics read the split's own
     # examples (SQuAD, NER) evaluate the first split per epoch and every split at the end.
     per_epoch = evals if len(evals) == 1 or not getattr(adapter, "METRICS_USE_EXAMPLES", False) else {first: evals[first]}
-    trainer = Trainer(
+    trainer = SuiteTrainer(
         model=model,
         args=args,
         train_dataset=prepared.encoded[card.train_split],
@@ -203,7 +311,7 @@ def predict(card: TaskCard, model: str, split: str, data_dir: str | None, output
     prepared = prepare(card, model, data_dir, tokenizer or model, max_seq_length, splits=[split])
     net = load_model(card, model, prepared.max_seq_length)
     args = TrainingArguments(output_dir=output_dir, per_device_eval_batch_size=batch_size, report_to="none")
-    trainer = Trainer(model=net, args=args, data_collator=collator_for(adapter, prepared.tokenizer))
+    trainer = SuiteTrainer(model=net, args=args, data_collator=collator_for(adapter, prepared.tokenizer))
     data = prepared.encoded[split]
     labels = [c for c in LABEL_COLUMNS if c in data.column_names]
     result = trainer.predict(data.remove_columns(labels))
@@ -256,6 +364,7 @@ def training_arguments(card: TaskCard, output_dir: str, overrides: dict | None =
     values.setdefault("logging_strategy", "epoch")
     values.setdefault("report_to", "none")
     values.setdefault("per_device_eval_batch_size", 64)
+    values.setdefault("train_sampling_strategy", "group_by_length")  # SuiteTrainer: LengthBucketSampler
     for key in ("learning_rate", "num_train_epochs", "per_device_train_batch_size"):
         if key in values and float(values[key]) <= 0:
             raise RunError(f"{key} must be positive, got {values[key]}")

@@ -1,0 +1,220 @@
+"""Shared pieces of the `make bench` benchmarks: the machine record, the measured matmul peak,
+alternating timed repetitions, model FLOPs, peak memory in a child process, and result files.
+
+Every benchmark compares ours with stock transformers in the same run: same weights, batches and
+thread count, the two alternating (ours, stock, ours, stock, ...) so that a slow stretch of a
+shared machine hits both, and the median of the repetitions reported with their ratio.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_DATA = ROOT.parent / "shared" / "data"
+RESULTS_DIR = ROOT / "runs" / "bench"  # generated, git-ignored; RESULTS.md quotes them
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine() -> dict:
+    """CPU model, cores, threads and library versions (and the GPU when one is used)."""
+    import torch
+    import transformers
+
+    info = {"cpu": cpu_model(), "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+            "torch": torch.__version__, "transformers": transformers.__version__,
+            "python": platform.python_version(), "command": " ".join([Path(sys.executable).name, *sys.argv])}
+    if torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name()
+    return info
+
+
+def sync(device) -> None:
+    import torch
+
+    if str(device).startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def matmul_flops_per_second(device="cpu", dtype=None, size: int = 2048, repeats: int = 5) -> float:
+    """The machine's own dense matmul throughput: the median FLOP/s of size x size x size
+    products (2 n^3 FLOPs each) in `dtype` (fp32 by default) with the current thread count."""
+    import torch
+
+    dtype = dtype or torch.float32
+    a = torch.randn(size, size, device=device, dtype=dtype)
+    b = torch.randn(size, size, device=device, dtype=dtype)
+    inner = 1 if str(device) == "cpu" else 20
+    for _ in range(2):
+        a @ b
+    times = []
+    for _ in range(repeats):
+        sync(device)
+        start = time.perf_counter()
+        for _ in range(inner):
+            a @ b
+        sync(device)
+        times.append((time.perf_counter() - start) / inner)
+    return 2 * size**3 / statistics.median(times)
+
+
+def alternate(runs: dict, repeats: int, device="cpu") -> dict[str, list[float]]:
+    """Call each `runs[name]()` once per repetition, alternating names, and return the seconds of
+    each call. Warm-up is the caller's job (one untimed call each before)."""
+    seconds = {name: [] for name in runs}
+    for rep in range(repeats):
+        order = list(runs) if rep % 2 == 0 else list(reversed(runs))
+        for name in order:
+            sync(device)
+            start = time.perf_counter()
+            runs[name]()
+            sync(device)
+            seconds[name].append(time.perf_counter() - start)
+    return seconds
+
+
+def median(values) -> float:
+    return statistics.median(values)
+
+
+def encoder_flops(config, lengths, masked: int, nsp: bool = True) -> float:
+    """Model FLOPs of one forward pass of a BERT pre-training model, matmuls only (2 FLOPs per
+    multiply-add); a training step (forward + backward) is 3x this.
+
+    per real token, per layer:    2 * (4 H^2 + 2 H I)        Q, K, V, output; feed-forward in, out
+    per sequence of length L:     2 * 2 * L^2 * H per layer  scores Q K^T and the weighted sum P V
+    per masked position:          2 * (H^2 + H V)            MLM transform and vocabulary decoder
+    per sequence (with NSP):      2 * (H^2 + 2 H)            pooler and NSP classifier
+
+    `lengths` are the real lengths of the sequences (padding is work, not model FLOPs), `masked`
+    the number of predicted positions: the MLM loss needs the decoder there only, so ours and
+    stock are held to the same count and the FLOPs ratio equals the speed ratio."""
+    h, i, v, layers = config.hidden_size, config.intermediate_size, config.vocab_size, config.num_hidden_layers
+    tokens = sum(lengths)
+    dense = 2 * (4 * h * h + 2 * h * i) * tokens * layers
+    attention = 4 * h * sum(n * n for n in lengths) * layers
+    head = 2 * (h * h + h * v) * masked
+    pooled = 2 * (h * h + 2 * h) * len(lengths) if nsp else 0
+    return float(dense + attention + head + pooled)
+
+
+def peak_memory_child(args: list[str], timeout: float = 900) -> dict:
+    """Run this benchmark's own script in a child process (`args` select one model and mode) and
+    return the JSON it prints last: peak resident memory is per process, so each model gets its own."""
+    proc = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
+    if proc.returncode != 0:
+        raise RuntimeError(f"memory child {' '.join(args)} failed:\n{proc.stderr[-2000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def max_rss_mib() -> float:
+    """This process's peak resident set size so far (MiB): VmHWM on Linux, which starts afresh
+    at exec (ru_maxrss would carry the parent's peak into a child)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    import resource
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 1024 if sys.platform != "darwin" else peak / 2**20
+
+
+def write_result(name: str, payload: dict) -> Path:
+    """runs/bench/<name>.json, written atomically (temporary file, then rename)."""
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    path = RESULTS_DIR / f"{name}.json"
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(payload, indent=2, default=str) + "\n")
+    tmp.replace(path)
+    return path
+
+
+def table(rows: list[dict], columns: list[tuple[str, str]]) -> str:
+    """A markdown table: columns are (key, heading); floats get 3 significant digits."""
+    def cell(value):
+        if isinstance(value, float):
+            return f"{value:,.3g}" if abs(value) < 1000 else f"{value:,.0f}"
+        return str(value)
+    lines = ["| " + " | ".join(h for _, h in columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(cell(r.get(k, "")) for k, _ in columns) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def skip(message: str) -> None:
+    """A clear skip (exit 0) when the real data is not on this machine."""
+    print(f"skipped: {message}")
+    raise SystemExit(0)
+
+
+# Profile categories: where a step's time goes (first match on the operator name wins).
+CATEGORIES = [
+    ("matmul", ("aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "aten::linear", "aten::baddbmm")),
+    ("attention kernel", ("scaled_dot_product", "flash_attention", "efficient_attention")),
+    ("dropout / RNG", ("bernoulli", "dropout", "aten::rand", "uniform_")),
+    ("softmax / loss", ("softmax", "cross_entropy", "nll_loss")),
+    ("layer norm", ("layer_norm",)),
+    ("gelu / tanh", ("gelu", "tanh")),
+    ("optimizer", ("adam", "_foreach", "_fused")),
+    ("embedding / gather", ("embedding", "index_select", "index_copy", "index_put", "index", "gather",
+                            "nonzero", "masked_select", "scatter")),
+    ("copies / layout", ("copy_", "contiguous", "clone", "cat", "fill_", "zero_", "zeros")),
+    ("elementwise", ("add", "mul", "div", "sub", "sum", "mean", "where", "sqrt", "pow", "clamp")),
+]
+
+
+def profile_breakdown(fn, device="cpu") -> dict[str, float]:
+    """Self time (seconds) per category of one call of `fn`, from torch.profiler (CPU and, on a
+    GPU, CUDA kernel time). Operators that fit no category are counted under `other`."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if str(device).startswith("cuda") else [])
+    with profile(activities=activities) as prof:
+        fn()
+        sync(device)
+    use_cuda = str(device).startswith("cuda")
+    totals: dict[str, float] = {}
+    for event in prof.key_averages():
+        spent = (event.self_device_time_total if use_cuda else event.self_cpu_time_total) / 1e6
+        if spent <= 0:
+            continue
+        name = event.key.lower()
+        category = next((c for c, keys in CATEGORIES if any(k.lower() in name for k in keys)), "other")
+        totals[category] = totals.get(category, 0.0) + spent
+    del torch
+    return dict(sorted(totals.items(), key=lambda kv: -kv[1]))
+
+
+def breakdown_table(profiles: dict[str, dict[str, float]]) -> str:
+    """Markdown: one row per category, one column per profiled run (seconds and share)."""
+    names = list(profiles)
+    categories = sorted({c for p in profiles.values() for c in p},
+                        key=lambda c: -max(p.get(c, 0.0) for p in profiles.values()))
+    lines = ["| where the time goes | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
+    totals = {n: sum(profiles[n].values()) or 1.0 for n in names}
+    for c in categories:
+        cells = [f"{profiles[n].get(c, 0.0) * 1e3:,.0f} ms ({100 * profiles[n].get(c, 0.0) / totals[n]:.0f}%)"
+                 for n in names]
+        lines.append(f"| {c} | " + " | ".join(cells) + " |")
+    lines.append("| total (profiled) | " + " | ".join(f"{totals[n] * 1e3:,.0f} ms" for n in names) + " |")
+    return "\n".join(lines)

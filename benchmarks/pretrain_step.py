@@ -1,0 +1,212 @@
+# Command: .venv/bin/python benchmarks/pretrain_step.py [--quick] [--presets mini base] [--profile]
+"""Pre-training step speed: `BertSuiteForPreTraining` vs `transformers.BertForPreTraining`.
+
+One step = forward + backward + gradient clipping (1.0) + AdamW (fused, the Trainer's default)
+on batches of length 128 with 15% of the tokens masked (80/10/10, at most 20 per sequence), built
+by our `pretrain-data` from the WikiText-2 test split in ../shared/data/corpus with the released
+30,522-token bert-base-uncased vocabulary. Both models start from the same weights, run the same
+batches with the same thread count, alternating, and the median of the repetitions is reported
+with the ratio. Stock computes the MLM decoder at every position, as `BertForPreTraining` does;
+ours at the masked positions only (`masked_positions_only=True`, the recipe's setting), and runs
+the dense layers on real tokens only when a batch has padding.
+
+Model FLOPs utilisation (MFU) = model FLOPs per second / the fp32 matmul FLOP/s measured in the
+same run (common.matmul_flops_per_second). The FLOPs formula is common.encoder_flops (x3 for
+forward + backward), the same for both models: the FLOPs the task needs, so padding and the
+decoder at unmasked positions count as waste, not as work.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402
+
+BATCH = {"tiny": 64, "mini": 32, "small": 32, "medium": 16, "base": 8, "large": 4}
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--data", type=Path, default=common.DEFAULT_DATA)
+    p.add_argument("--vocab", type=Path, help="default: DATA/vocab/bert-base-uncased/vocab.txt")
+    p.add_argument("--corpus", type=Path, help="default: DATA/corpus/wikitext-2-raw/wiki.test.raw")
+    p.add_argument("--presets", nargs="+", default=["mini", "base"])
+    p.add_argument("--batch_size", type=int, help="default per preset: " + str(BATCH))
+    p.add_argument("--seq_len", type=int, default=128)
+    p.add_argument("--steps", type=int, default=3, help="steps per timed repetition (base: a third)")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--quick", action="store_true", help="3 repetitions, fewer steps (make bench)")
+    p.add_argument("--no-memory", dest="memory", action="store_false")
+    p.add_argument("--profile", action="store_true", help="also print where one step's time goes")
+    p.add_argument("--out", default="pretrain_step")
+    p.add_argument("--memory-child", choices=["ours", "stock"], help=argparse.SUPPRESS)
+    p.add_argument("--batches", type=Path, help=argparse.SUPPRESS)  # the parent's batches (torch.save)
+    args = p.parse_args(argv)
+    args.vocab = args.vocab or args.data / "vocab" / "bert-base-uncased" / "vocab.txt"
+    args.corpus = args.corpus or args.data / "corpus" / "wikitext-2-raw" / "wiki.test.raw"
+    if args.quick:
+        args.repeats, args.steps = 3, 2
+    return args
+
+
+def make_batches(args, tokenizer, count: int, batch_size: int) -> list[dict]:
+    """`count` masked batches from `pretrain-data` instances of the corpus (dupe factor 1)."""
+    import datasets
+    import torch
+
+    from bert_suite.pretraining.instances import build_pretraining_dataset
+    from bert_suite.pretraining.masking import MaskingCollator
+
+    with tempfile.TemporaryDirectory() as tmp:
+        build_pretraining_dataset([str(args.corpus)], tokenizer, tmp, max_seq_length=args.seq_len, num_proc=1)
+        data = datasets.load_from_disk(tmp).select(range(count * batch_size))
+        rows = [dict(zip(data.column_names, values, strict=True)) for values in zip(*(data[c] for c in data.column_names), strict=True)]
+    collator = MaskingCollator(tokenizer, max_predictions_per_seq=20)
+    generator = torch.Generator().manual_seed(0)
+    return [collator.mask(collator.pad(rows[i * batch_size:(i + 1) * batch_size]), generator) for i in range(count)]
+
+
+def build_models(preset: str, vocab_size: int, only: str | None = None):
+    """Ours and stock with the same initial weights (`only`: build just that side)."""
+    import torch
+    import transformers
+
+    from bert_suite import BertSuiteConfig, BertSuiteForPreTraining
+
+    torch.manual_seed(0)
+    config = BertSuiteConfig.from_preset(preset, vocab_size=vocab_size)
+    ours = BertSuiteForPreTraining(config) if only != "stock" else None
+    stock = None
+    if only != "ours":
+        stock = transformers.BertForPreTraining(transformers.BertConfig(**config.to_bert_dict(),
+                                                                        attn_implementation="sdpa"))
+    if ours is not None and stock is not None:
+        missing = stock.load_state_dict(ours.state_dict(), strict=False)
+        if missing.missing_keys or missing.unexpected_keys:
+            raise RuntimeError(f"weights do not map onto BertForPreTraining: {missing}")
+    return config, ours, stock
+
+
+def stepper(model, batches, ours: bool):
+    """A function running one training step on each batch (the timed unit)."""
+    import torch
+
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01, fused=True)
+    extra = {"masked_positions_only": True} if ours else {}
+    model.train()
+
+    def run(which=None):
+        for batch in (batches if which is None else which):
+            loss = model(**batch, **extra).loss
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+    return run
+
+
+def same_loss(ours, stock, batch) -> float:
+    """|loss ours - loss stock| on one batch without dropout: the same computation."""
+    import torch
+
+    with torch.no_grad():
+        a = ours.eval()(**batch, masked_positions_only=True).loss
+        b = stock.eval()(**batch).loss
+    return abs(a.item() - b.item())
+
+
+def memory_child(args) -> None:
+    """Child process: build one side, run the parent's batches once, print its peak RSS. The
+    batches come from a file, so that building them does not set the peak."""
+    import torch
+
+    from bert_suite.pretraining.tokenizer import load_pretraining_tokenizer
+
+    batches = torch.load(args.batches)
+    _, ours, stock = build_models(args.presets[0], len(load_pretraining_tokenizer(str(args.vocab))),
+                                  only=args.memory_child)
+    model = ours if args.memory_child == "ours" else stock
+    baseline = common.max_rss_mib()
+    stepper(model, batches, args.memory_child == "ours")()
+    print(json.dumps({"peak_rss_mib": common.max_rss_mib(), "baseline_rss_mib": baseline}))
+
+
+def bench_preset(args, preset: str, tokenizer, peak: float) -> dict:
+    size = args.batch_size or BATCH[preset]
+    steps = max(1, args.steps // 3) if preset in ("base", "large") else args.steps
+    batches = make_batches(args, tokenizer, steps, size)
+    config, ours, stock = build_models(preset, len(tokenizer))
+    check = same_loss(ours, stock, batches[0])
+    runs = {"ours": stepper(ours, batches, True), "stock": stepper(stock, batches, False)}
+    for run in runs.values():  # warm-up: one step each
+        run(batches[:1])
+    seconds = common.alternate(runs, args.repeats)
+    lengths = [n for b in batches for n in b["attention_mask"].sum(1).tolist()]
+    masked = sum(int((b["labels"] != -100).sum()) for b in batches)
+    flops = 3 * common.encoder_flops(config, lengths, masked)
+    row = {"preset": preset, "batch": f"{size} x {args.seq_len}", "steps": steps, "tokens": sum(lengths),
+           "masked": masked, "loss_diff_no_dropout": check, "seconds": seconds}
+    for side in runs:
+        t = common.median(seconds[side])
+        row[f"{side}_tokens_per_s"] = sum(lengths) / t
+        row[f"{side}_step_s"] = t / steps
+        row[f"{side}_mfu"] = flops / t / peak
+    row["speedup"] = row["ours_tokens_per_s"] / row["stock_tokens_per_s"]
+    if args.profile:
+        row["profile"] = {f"{side} step": common.profile_breakdown(lambda r=run: r(batches[:1]))
+                          for side, run in runs.items()}
+    if args.memory:
+        import torch
+
+        with tempfile.TemporaryDirectory() as tmp:
+            torch.save(batches, Path(tmp) / "batches.pt")
+            for side in runs:
+                child = common.peak_memory_child([__file__, "--presets", preset, "--vocab", str(args.vocab),
+                                                  "--batches", str(Path(tmp) / "batches.pt"), "--memory-child", side])
+                row[f"{side}_peak_rss_mib"] = child["peak_rss_mib"]
+                row[f"{side}_model_rss_mib"] = child["baseline_rss_mib"]
+    return row
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    for path in (args.vocab, args.corpus):
+        if not path.is_file():
+            common.skip(f"{path} not found (pass --data, --vocab or --corpus)")
+    import torch
+    import transformers
+
+    from bert_suite.pretraining.tokenizer import load_pretraining_tokenizer
+
+    transformers.logging.set_verbosity_error()
+    if args.memory_child:
+        memory_child(args)
+        return {}
+    tokenizer = load_pretraining_tokenizer(str(args.vocab))
+    peak = common.matmul_flops_per_second()
+    rows = [bench_preset(args, preset, tokenizer, peak) for preset in args.presets]
+    peak_after = common.matmul_flops_per_second()
+    payload = {"machine": common.machine(), "matmul_fp32_flops": [peak, peak_after], "rows": rows,
+               "settings": {k: str(v) for k, v in vars(args).items()}, "torch_threads": torch.get_num_threads()}
+    common.write_result(args.out, payload)
+    print(json.dumps(payload["machine"]))
+    print(f"measured fp32 matmul: {peak / 1e9:.1f} GFLOP/s before, {peak_after / 1e9:.1f} after")
+    columns = [("preset", "preset"), ("batch", "batch"), ("ours_tokens_per_s", "ours tok/s"),
+               ("stock_tokens_per_s", "stock tok/s"), ("speedup", "ratio"), ("ours_mfu", "ours MFU"),
+               ("stock_mfu", "stock MFU"), ("loss_diff_no_dropout", "|loss diff|")]
+    if args.memory:
+        columns += [("ours_peak_rss_mib", "ours peak MiB"), ("stock_peak_rss_mib", "stock peak MiB")]
+    print(common.table(rows, columns))
+    for row in rows:
+        if "profile" in row:
+            print(f"\n{row['preset']}: one step\n" + common.breakdown_table(row["profile"]))
+    return payload
+
+
+if __name__ == "__main__":
+    main()

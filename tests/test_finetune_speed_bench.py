@@ -1,0 +1,68 @@
+"""benchmarks/finetune_speed.py on a tiny RTE-like folder: both sides do the same examples, the
+logits agree, stock pads more; and a clean skip when the data is absent."""
+
+import random
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+sys.path.insert(0, str(BENCH))
+
+import common  # noqa: E402
+import finetune_speed  # noqa: E402
+
+WORDS = ("the cat dog man woman sat ran on a mat in park city house big small red old new quickly slowly "
+         "yesterday today and was is not who near river").split()
+
+
+def sentence(rng: random.Random, low: int, high: int) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(rng.randint(low, high))).capitalize() + "."
+
+
+def write_rte(path: Path, rows: int, seed: int) -> None:
+    """RTE's layout: index, sentence1, sentence2, label (entailment / not_entailment)."""
+    rng = random.Random(seed)
+    lines = ["index\tsentence1\tsentence2\tlabel"]
+    for i in range(rows):
+        label = "entailment" if i % 2 else "not_entailment"
+        lines.append(f"{i}\t{sentence(rng, 3, 40)}\t{sentence(rng, 2, 12)}\t{label}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n")
+
+
+@pytest.fixture
+def data(tmp_path, monkeypatch):
+    write_rte(tmp_path / "glue" / "RTE" / "train.tsv", 40, seed=1)
+    write_rte(tmp_path / "glue" / "RTE" / "dev.tsv", 24, seed=2)
+    vocab = tmp_path / "vocab" / "bert-base-uncased" / "vocab.txt"
+    vocab.parent.mkdir(parents=True)
+    vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", ".", ",", *WORDS]) + "\n")
+    monkeypatch.setattr(common, "RESULTS_DIR", tmp_path / "results")
+    return tmp_path
+
+
+def test_same_examples_same_logits_stock_pads_more(data):
+    payload = finetune_speed.main(["--data", str(data), "--tasks", "rte", "--preset", "tiny", "--repeats", "1",
+                                   "--no-memory", "--out", "test_finetune_speed"])
+    rte = payload["tasks"]["rte"]
+    for name, n in (("train", 40), ("predict", 24)):
+        assert rte[name]["examples"] == n
+        assert rte["tokens"]["ours"][name]["examples"] == rte["tokens"]["stock"][name]["examples"] == n
+        assert rte["tokens"]["ours"][name]["real_tokens"] == rte["tokens"]["stock"][name]["real_tokens"]
+        assert rte["tokens"]["stock"][name]["padded_tokens"] == 128 * n
+        assert rte["tokens"]["stock"][name]["padded_tokens"] > rte["tokens"]["ours"][name]["padded_tokens"]
+        assert isinstance(rte[name]["ratio"], float) and rte[name]["ratio"] > 0
+        assert all(rte[name]["examples_per_s"][s] > 0 for s in ("ours", "stock"))
+    assert rte["logit_max_abs_diff"] < 1e-4
+    assert rte["state_dict"]["missing"] == []
+    assert (data / "results" / "test_finetune_speed.json").is_file()
+
+
+def test_missing_data_skips(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        finetune_speed.main(["--data", str(tmp_path / "nowhere"), "--tasks", "rte"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    assert "skipped" in out and str(tmp_path / "nowhere") in out
