@@ -103,6 +103,17 @@ demo: install
 # ---- Benchmarks (results: benchmarks/RESULTS.md). Each skips cleanly without ../shared/data. -----
 # The long ones are run on their own: bash benchmarks/glue_real_run.sh (about an hour on 2 cores),
 # bash benchmarks/pretrain_vs_random.sh (45 minutes of pre-training, then the grids).
-.PHONY: bench
+# `make bench`: the quick mode (under 10 minutes on 2 cores); `make bench-full`: more steps,
+# repetitions and the whole RTE/MRPC train sets. Results: runs/bench/*.json and the printed tables.
+.PHONY: bench bench-full
 bench: install
+	$(OFFLINE) $(BIN)/python benchmarks/pretrain_step.py --quick --profile
+	$(OFFLINE) $(BIN)/python benchmarks/finetune_speed.py --quick --profile
+	$(OFFLINE) $(BIN)/python benchmarks/pretrain_data_speed.py --repeat 1
+	$(OFFLINE) $(BIN)/python benchmarks/squad_processing_speed.py --repeat 1
+
+bench-full: install
+	$(OFFLINE) $(BIN)/python benchmarks/pretrain_step.py --profile
+	$(OFFLINE) $(BIN)/python benchmarks/finetune_speed.py --profile
 	$(OFFLINE) $(BIN)/python benchmarks/pretrain_data_speed.py --repeat 3
+	$(OFFLINE) $(BIN)/python benchmarks/squad_processing_speed.py
