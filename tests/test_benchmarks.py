@@ -1,0 +1,85 @@
+"""The pre-training step benchmarks on data the tests write: the FLOPs formula by hand, the CPU
+benchmark's rows (same batches, same loss without dropout, ours does less work), and the GPU
+benchmark's variants run on CPU; clean skips when the data or the GPU is absent."""
+
+import random
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+sys.path.insert(0, str(BENCH))
+
+import common  # noqa: E402
+import gpu_pretrain_step  # noqa: E402
+import pretrain_step  # noqa: E402
+
+WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi".split()
+
+
+def test_encoder_flops_by_hand():
+    config = SimpleNamespace(hidden_size=2, intermediate_size=8, vocab_size=10, num_hidden_layers=1)
+    # dense 2*(4*4 + 2*2*8)*3 = 288; attention 4*2*3^2 = 72; MLM head 2*(4 + 20)*1 = 48; pooler+NSP 2*(4 + 4) = 16
+    assert common.encoder_flops(config, [3], masked=1) == 288 + 72 + 48 + 16
+    assert common.encoder_flops(config, [3], masked=1, nsp=False) == 288 + 72 + 48
+
+
+@pytest.fixture
+def corpus(tmp_path, monkeypatch):
+    rng = random.Random(0)
+    docs = ["\n".join(" ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 12))) + " ." for _ in range(8))
+            for _ in range(40)]
+    (tmp_path / "corpus.txt").write_text("\n\n".join(docs) + "\n")
+    (tmp_path / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", ".", *WORDS]) + "\n")
+    monkeypatch.setattr(common, "RESULTS_DIR", tmp_path / "results")
+    return tmp_path
+
+
+def test_pretrain_step_benchmark_rows(corpus):
+    payload = pretrain_step.main(["--corpus", str(corpus / "corpus.txt"), "--vocab", str(corpus / "vocab.txt"),
+                                  "--presets", "tiny", "--batch_size", "4", "--seq_len", "32", "--steps", "2",
+                                  "--repeats", "1", "--no-memory", "--profile"])
+    (row,) = payload["rows"]
+    assert row["tokens"] > 0 and 0 < row["masked"] <= 2 * 4 * 20
+    assert row["loss_diff_no_dropout"] < 1e-5  # the same computation
+    assert row["ours_tokens_per_s"] > 0 and row["stock_tokens_per_s"] > 0 and row["speedup"] > 0
+    assert 0 < row["ours_mfu"] and 0 < row["stock_mfu"]
+    assert "matmul" in row["profile"]["ours step"] and "matmul" in row["profile"]["stock step"]
+    assert (corpus / "results" / "pretrain_step.json").is_file()
+
+
+def test_pretrain_step_skips_without_data(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        pretrain_step.main(["--data", str(tmp_path / "nowhere")])
+    assert exit_info.value.code == 0 and str(tmp_path / "nowhere") in capsys.readouterr().out
+
+
+def test_gpu_benchmark_variants_run_on_cpu(corpus):
+    payload = gpu_pretrain_step.main(["--device", "cpu", "--dtype", "fp32", "--preset", "tiny", "--seq_lens", "16",
+                                      "--tokens", "64", "--compile", "none", "--steps", "1", "--repeats", "1"])
+    rows = {r["variant"]: r for r in payload["rows"]}
+    assert set(rows) == {"ours", "stock eager", "stock sdpa"}
+    assert rows["stock sdpa"]["vs_stock_sdpa"] == pytest.approx(1.0)
+    assert all(r["tokens_per_s"] > 0 and r["mfu"] > 0 for r in rows.values())
+
+
+def test_gpu_batches_have_a_fixed_number_of_masks_inside_the_sequence():
+    import torch
+
+    config = SimpleNamespace(vocab_size=2000)
+    (batch,) = gpu_pretrain_step.make_batches(config, 128, 3, 1, "cpu")
+    chosen = batch["labels"] != -100
+    assert chosen.sum(1).tolist() == [19, 19, 19]  # 15% of 128, under the cap of 20
+    assert not chosen[:, 0].any() and not chosen[:, -1].any()
+    assert torch.all(batch["input_ids"][chosen] == 103)
+
+
+def test_gpu_benchmark_skips_without_cuda(capsys, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit) as exit_info:
+        gpu_pretrain_step.main([])
+    assert exit_info.value.code == 0 and "no CUDA" in capsys.readouterr().out
