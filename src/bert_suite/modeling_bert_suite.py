@@ -462,6 +462,8 @@ class BertSuiteModel(BertSuitePreTrainedModel):
                 f"sequence length {seq_len} exceeds max_position_embeddings "
                 f"({self.config.max_position_embeddings}); truncate the input"
             )
+        if attention_mask is not None and attention_mask.dim() == 2 and bool(attention_mask.all()):
+            attention_mask = None  # nothing to mask: no bias, so SDPA adds no (batch, heads, q, k) term
         unpad = self.config.unpad_inputs if unpad is None else unpad
         layout = None
         if unpad and not output_attentions and attention_mask is not None and attention_mask.dim() == 2:
