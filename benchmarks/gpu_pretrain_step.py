@@ -20,6 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
+from pretrain_step import stepper  # noqa: E402
 
 CAPS = {128: 20, 512: 76}
 
@@ -82,23 +83,6 @@ def variants(config, compile_mode: str, device):
     return result
 
 
-def stepper(model, extra, batches, dtype, device):
-    import torch
-
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01, fused=True)
-    autocast = torch.autocast(device_type=str(device).split(":")[0], dtype=torch.bfloat16, enabled=dtype == "bf16")
-
-    def run():
-        for batch in batches:
-            with autocast:
-                loss = model(**batch, **extra).loss
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-    return run
-
-
 def main(argv=None) -> dict:
     args = parse_args(argv)
     import torch
@@ -115,7 +99,9 @@ def main(argv=None) -> dict:
         batch = max(1, args.tokens // seq_len)
         batches = make_batches(config, seq_len, batch, args.steps, args.device)
         models = variants(config, args.compile, args.device)
-        runs = {name: stepper(model, extra, batches, args.dtype, args.device) for name, (model, extra) in models.items()}
+        autocast = torch.autocast(device_type=args.device.split(":")[0], dtype=torch.bfloat16,
+                                  enabled=args.dtype == "bf16")
+        runs = {name: stepper(model, batches, bool(extra), autocast) for name, (model, extra) in models.items()}
         memory = {}
         for name, run in runs.items():  # warm-up (and compilation), peak memory of a steady step
             if args.device.startswith("cuda"):

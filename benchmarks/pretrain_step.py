@@ -92,8 +92,11 @@ def build_models(preset: str, vocab_size: int, only: str | None = None):
     return config, ours, stock
 
 
-def stepper(model, batches, ours: bool):
-    """A function running one training step on each batch (the timed unit)."""
+def stepper(model, batches, ours: bool, autocast=None):
+    """A function running one training step on each batch (the timed unit); `autocast`: a
+    context manager around the forward pass (the GPU benchmark's bf16)."""
+    import contextlib
+
     import torch
 
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01, fused=True)
@@ -102,7 +105,8 @@ def stepper(model, batches, ours: bool):
 
     def run(which=None):
         for batch in (batches if which is None else which):
-            loss = model(**batch, **extra).loss
+            with autocast or contextlib.nullcontext():
+                loss = model(**batch, **extra).loss
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             optimizer.step()
