@@ -104,13 +104,12 @@ demo: install
 # The long ones are run on their own: bash benchmarks/glue_real_run.sh (about an hour on 2 cores),
 # bash benchmarks/pretrain_vs_random.sh (45 minutes of pre-training, then the grids).
 # `make bench`: the quick mode (under 10 minutes on 2 cores); `make bench-full`: more steps,
-# repetitions and the whole RTE/MRPC train sets. Results: runs/bench/*.json and the printed tables.
+# repetitions, the whole RTE/MRPC train sets and the SQuAD processing benchmark. Results: runs/bench/*.json and the printed tables.
 .PHONY: bench bench-full
 bench: install
 	$(OFFLINE) $(BIN)/python benchmarks/pretrain_step.py --quick --profile
 	$(OFFLINE) $(BIN)/python benchmarks/finetune_speed.py --quick --profile
 	$(OFFLINE) $(BIN)/python benchmarks/pretrain_data_speed.py --repeat 1
-	$(OFFLINE) $(BIN)/python benchmarks/squad_processing_speed.py --repeat 1
 
 bench-full: install
 	$(OFFLINE) $(BIN)/python benchmarks/pretrain_step.py --profile
