@@ -141,12 +141,10 @@ def max_rss_mib() -> float:
 
 def write_result(name: str, payload: dict) -> Path:
     """runs/bench/<name>.json, written atomically (temporary file, then rename)."""
+    from bert_suite.report import atomic_write_text
+
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-    path = RESULTS_DIR / f"{name}.json"
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(payload, indent=2, default=str) + "\n")
-    tmp.replace(path)
-    return path
+    return atomic_write_text(RESULTS_DIR / f"{name}.json", json.dumps(payload, indent=2, default=str) + "\n")
 
 
 def table(rows: list[dict], columns: list[tuple[str, str]]) -> str:
@@ -155,9 +153,9 @@ def table(rows: list[dict], columns: list[tuple[str, str]]) -> str:
         if isinstance(value, float):
             return f"{value:,.3g}" if abs(value) < 1000 else f"{value:,.0f}"
         return str(value)
-    lines = ["| " + " | ".join(h for _, h in columns) + " |", "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join(cell(r.get(k, "")) for k, _ in columns) + " |" for r in rows]
-    return "\n".join(lines)
+    from bert_suite.report import _md_table
+
+    return "\n".join(_md_table([h for _, h in columns], [[cell(r.get(k, "")) for k, _ in columns] for r in rows]))
 
 
 def skip(message: str) -> None:

@@ -65,7 +65,7 @@ class LengthBucketSampler(torch.utils.data.Sampler):
             pool = sorted(order[start:start + self.pool], key=self.lengths.__getitem__)
             batches += [pool[i:i + self.batch_size] for i in range(0, len(pool), self.batch_size)]
         last = [batches.pop()] if batches and len(batches[-1]) < self.batch_size else []
-        for b in [*torch.randperm(len(batches), generator=self.generator).tolist()]:
+        for b in torch.randperm(len(batches), generator=self.generator).tolist():
             yield from batches[b]
         for batch in last:
             yield from batch
@@ -99,6 +99,7 @@ class SuiteTrainer(Trainer):
     training order is `LengthBucketSampler`."""
 
     _eval_inverse = None
+    _eval_orders: dict | None = None  # dataset fingerprint -> length order (per-epoch evaluation reuses it)
 
     @property
     def compute_metrics(self):
@@ -129,7 +130,12 @@ class SuiteTrainer(Trainer):
         if (self.args.world_size > 1 or not isinstance(eval_dataset, datasets.Dataset)
                 or "input_ids" not in eval_dataset.column_names):
             return super()._get_eval_sampler(eval_dataset)
-        order = np.argsort(example_lengths(eval_dataset), kind="stable")
+        if self._eval_orders is None:
+            self._eval_orders = {}
+        key = eval_dataset._fingerprint
+        if key not in self._eval_orders:
+            self._eval_orders[key] = np.argsort(example_lengths(eval_dataset), kind="stable")
+        order = self._eval_orders[key]
         self._eval_inverse = np.empty_like(order)
         self._eval_inverse[order] = np.arange(len(order))
         return _FixedOrder(order.tolist())
