@@ -111,8 +111,11 @@ def load_card(name_or_path: str | Path) -> TaskCard:
         path = cards[key]
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as err:
-        raise CardError(f"{path}: not valid YAML: {err}") from None
+    except yaml.YAMLError as err:  # one line: file:line:column and what the parser expected
+        mark = getattr(err, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+        what = "; ".join(str(x) for x in (getattr(err, "context", None), getattr(err, "problem", None)) if x)
+        raise CardError(f"{where}: not valid YAML ({what or str(err).splitlines()[0]})") from None
     return card_from_dict(data, str(path))
 
 
@@ -138,6 +141,16 @@ def card_from_dict(data: Any, path: str = "<card>") -> TaskCard:
         raise CardError(f"{path}: text_columns must name one or two columns, got {data['text_columns']}")
     for key in ("name", "label_column", "metric", "select"):
         _expect(path, key, data[key], str, "a string")
+    if data["family"] == "classification":  # the other families compute their metric whatever its name
+        from .metrics.glue import GLUE_METRIC_FIELDS
+
+        fields = GLUE_METRIC_FIELDS.get(data["metric"])
+        if fields is None:
+            raise CardError(f"{path}: metric {data['metric']!r} is not a classification metric; expected one of "
+                            f"{', '.join(GLUE_METRIC_FIELDS)}")
+        if data["select"] not in fields:
+            raise CardError(f"{path}: select {data['select']!r} is not reported by metric {data['metric']!r}; "
+                            f"expected one of the fields of metric {data['metric']!r}: {', '.join(fields)}")
     if data.get("labels") is not None:
         labels = _expect(path, "labels", data["labels"], list, "a list of label strings (or null for regression)")
         data["labels"] = [str(x) for x in labels]

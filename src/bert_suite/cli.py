@@ -9,8 +9,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from pathlib import Path
+
+from .report import atomic_write_text
 
 
 def _export(args: argparse.Namespace, rest: list[str]) -> None:
@@ -25,15 +28,47 @@ def _training_overrides(rest: list[str]) -> dict:
     the rest), parsed and type-checked by HfArgumentParser."""
     if not rest:
         return {}
+    import dataclasses
+    import difflib
+
     from transformers import HfArgumentParser, TrainingArguments
 
     given = {a[2:].split("=", 1)[0] for a in rest if a.startswith("--")}
+    fields = {f.name for f in dataclasses.fields(TrainingArguments) if f.init}
+    names = {}
+    for flag in given:
+        name = flag.replace("-", "_")  # HfArgumentParser takes --learning-rate too
+        # ... and --no_X for a boolean X that defaults to true.
+        names[flag] = name[3:] if name not in fields and name.startswith("no_") and name[3:] in fields else name
+    for flag, name in sorted(names.items()):
+        if name not in fields:  # argparse would take an abbreviation (--learning_rat) and the value be lost
+            close = difflib.get_close_matches(name, fields, n=1)
+            raise ValueError(f"--{flag}: not a TrainingArguments flag"
+                             + (f" (did you mean --{close[0]}?)" if close else "")
+                             + "; expected the full name of a bert-suite or TrainingArguments option")
     try:
-        (parsed,) = HfArgumentParser(TrainingArguments).parse_args_into_dataclasses(
+        (parsed,) = HfArgumentParser(TrainingArguments, exit_on_error=False).parse_args_into_dataclasses(
             rest + ["--output_dir", "unused"], look_for_args_file=False)
-    except SystemExit:
+    except argparse.ArgumentError as err:
+        raise ValueError(f"{err}; expected a value of the flag's type (TrainingArguments)") from None
+    except SystemExit:  # argparse has printed why
         raise ValueError(f"bad TrainingArguments flags: {' '.join(rest)}") from None
-    return {k: getattr(parsed, k) for k in given if hasattr(parsed, k)}
+    return {name: getattr(parsed, name) for name in names.values()}
+
+
+# Flags whose values are checked before anything is read: name -> smallest allowed value.
+_FLAG_MINIMUMS = {"max_seq_length": 8, "batch_size": 1, "hidden": 1, "num_proc": 1, "max_steps": 1}
+
+
+def _check_flags(args: argparse.Namespace) -> None:
+    """Values no command can use, named by their flag (the commands check the rest)."""
+    for name, least in _FLAG_MINIMUMS.items():
+        value = getattr(args, name, None)
+        if isinstance(value, int) and value < least:
+            why = " (room for [CLS] A [SEP] B [SEP])" if name == "max_seq_length" else ""
+            raise ValueError(f"--{name} must be at least {least}{why}, got {value}")
+    if args.command == "feature-ner" and args.epochs < 1:
+        raise ValueError(f"--epochs must be at least 1, got {args.epochs}")
 
 
 def _needs_hub(*sources: str | None) -> None:
@@ -111,7 +146,7 @@ def _push(card, folder, args, metrics, training, grid_result=None) -> None:
             "seeds": sorted({r["seed"] for r in (grid_result or {}).get("records", [])}) or [hparams["seed"]]}
     if grid_result and "grid_results.md" in grid_result["files"]:
         info["grid"] = Path(grid_result["files"]["grid_results.md"]).read_text()
-    (Path(folder) / "README.md").write_text(model_card(info))
+    atomic_write_text(Path(folder) / "README.md", model_card(info))
     print(f"pushed to {push_to_hub(folder, args.hub_model_id)}")
 
 
@@ -141,7 +176,7 @@ def _score(args: argparse.Namespace, rest: list[str]) -> None:
     result = score_files(args.data, args.predictions, args.na_probs, args.na_prob_thresh, args.version)
     text = json.dumps(result)
     if args.out_file:
-        Path(args.out_file).write_text(text)
+        atomic_write_text(args.out_file, text)
     print(text)
 
 
@@ -368,12 +403,29 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+_EXPONENT_NUMBER = re.compile(r"-(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
+
+
+def _plain_negative_numbers(argv: list[str]) -> list[str]:
+    """-1e-5 -> -0.00001 (the same number): argparse reads a word starting with '-' as a flag unless it
+    looks like a plain negative number, so `--learning_rate -1e-5` would fail as a missing value and
+    never reach the check that names the flag."""
+    from decimal import Decimal
+
+    return [format(Decimal(a), "f") if _EXPONENT_NUMBER.fullmatch(a) else a for a in argv]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args, rest = parser.parse_known_args(argv)
-    if rest and not getattr(args, "takes_training_flags", False):
-        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    argv = _plain_negative_numbers(sys.argv[1:] if argv is None else list(argv))
+    try:  # argparse prints its usage and message, then exits; return that status instead
+        args, rest = parser.parse_known_args(argv)
+        if rest and not getattr(args, "takes_training_flags", False):
+            parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    except SystemExit as done:
+        return done.code if isinstance(done.code, int) else 2
     try:
+        _check_flags(args)
         args.func(args, rest)
     except (ValueError, OSError, KeyError, RuntimeError) as err:
         if os.environ.get("BERT_SUITE_DEBUG"):

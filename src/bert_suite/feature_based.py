@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import pickle
 import tempfile
 import time
 from pathlib import Path
@@ -91,7 +92,7 @@ def extract_features(model: str, input_path: str | Path, output_dir: str | Path,
     from .adapters import ner
     from .cards import load_card
     from .modeling_bert_suite import BertSuiteModel
-    from .runner import RunError, load_tokenizer
+    from .runner import RunError, check_checkpoint_folder, load_tokenizer, model_load_error
 
     if pool not in POOLS:
         raise FeatureError(f"--pool must be one of {', '.join(POOLS)}, got {pool!r}")
@@ -99,10 +100,11 @@ def extract_features(model: str, input_path: str | Path, output_dir: str | Path,
     if context:
         card.options = {**card.options, "context": context}
     tok = load_tokenizer(model, tokenizer)
+    check_checkpoint_folder(model)
     try:
         net = BertSuiteModel.from_pretrained(model, add_pooling_layer=False).eval()
-    except OSError as err:
-        raise RunError(f"cannot load model {model!r} ({str(err).splitlines()[0][:200]})") from None
+    except (OSError, pickle.UnpicklingError) as err:
+        raise model_load_error(model, err) from None
     chosen = parse_layers(layers, net.config.num_hidden_layers)
     max_len = int(max_seq_length or card.defaults.get("max_seq_length", 128))
     if max_len > net.config.max_position_embeddings:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from .adapters import classification as adapter
 from .cards import TaskCard, load_card
-from .report import atomic_write_text
+from .report import atomic_write_bytes, atomic_write_text, atomic_write_with
 from .runner import predict, split_file_stem
 
 GLUE_TASKS = ("cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte", "wnli", "ax")
@@ -44,7 +44,13 @@ def read_run(run_dir: str | Path) -> Run:
     manifest_path = run_dir / "run_manifest.json"
     if not manifest_path.is_file():
         raise PackageError(f"{run_dir}: not a finetune or grid output folder (no run_manifest.json)")
-    manifest = json.loads(manifest_path.read_text())
+    try:
+        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+    except ValueError as err:  # not JSON, or not UTF-8
+        raise PackageError(f"{manifest_path}: {err}; expected the JSON manifest a finetune or grid run writes") from None
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("task"), str):
+        raise PackageError(f"{manifest_path}: no \"task\"; expected the JSON manifest a finetune or grid run writes "
+                           "(with the task's name)")
     card_ref = manifest.get("card")
     card = load_card(card_ref if card_ref and Path(card_ref).is_file() else manifest["task"])
     best = run_dir / "best"
@@ -198,13 +204,17 @@ def package(run_dirs: list[str], output_dir: str, glue_root: str | None = None,
             checks[spec.server_file] = {"task": name, "split": split, "source": source,
                                         **check_rows(path, card, split, data_dir, expected)}
             target = out / spec.server_file
-            target.write_bytes(path.read_bytes())
+            atomic_write_bytes(target, path.read_bytes())
             files[spec.server_file] = target
     all_files = [cards[n].splits[s].server_file for n in GLUE_TASKS for s in cards[n].test_splits]
     missing = [f for f in all_files if f not in files]
-    with zipfile.ZipFile(out / ZIP_NAME, "w", zipfile.ZIP_DEFLATED) as archive:
-        for name in sorted(files):
-            archive.write(files[name], arcname=name)
+
+    def write_zip(f) -> None:
+        with zipfile.ZipFile(f, "w", zipfile.ZIP_DEFLATED) as archive:
+            for name in sorted(files):
+                archive.write(files[name], arcname=name)
+
+    atomic_write_with(out / ZIP_NAME, write_zip)
     summary = {"files": checks, "missing": missing, "zip": str(out / ZIP_NAME),
                "dev": {row[0]: {"dev": row[1], "paper_base_test": row[2]}
                        for run in runs.values() for row in dev_scores(run)}}

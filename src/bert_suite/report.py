@@ -50,6 +50,15 @@ def atomic_write_text(path: str | Path, text: str) -> Path:
     return _replace_atomically(path, lambda f: f.write(text.encode("utf-8")))
 
 
+def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
+    return _replace_atomically(path, lambda f: f.write(data))
+
+
+def atomic_write_with(path: str | Path, write: Callable[[IO[bytes]], object]) -> Path:
+    """`write(file)` into a temp file, renamed onto `path` once complete (e.g. a zip archive)."""
+    return _replace_atomically(path, write)
+
+
 def _validate(trials: list[dict], metric: str) -> None:
     for i, t in enumerate(trials):
         missing = [k for k in REQUIRED_KEYS if k not in t]
@@ -154,7 +163,8 @@ def _markdown(trials, metric, task, metric_keys, best, paper, plot_note) -> str:
     return "\n".join(lines)
 
 
-def _save_figure(fig, path: Path) -> Path:
+def save_figure(fig, path: Path) -> Path:
+    """A matplotlib Figure as a PNG, written atomically (Agg: no display, no pyplot state)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
     FigureCanvasAgg(fig)  # Agg explicitly: no display needed, no pyplot global state touched
@@ -187,7 +197,7 @@ def _plots(trials: list[dict], metric: str, best: dict | None, out: Path) -> dic
             if not np.isnan(value):  # dark text on the bright end of viridis, light on the dark end
                 ax.text(c, r, f"{value:.2f}", ha="center", va="center", color="k" if value > middle else "w")
         name = f"heatmap_epochs{epochs:g}.png"
-        written[name] = _save_figure(fig, out / name)
+        written[name] = save_figure(fig, out / name)
 
     points = [(h["epoch"], h[metric]) for h in (best or {}).get("history") or [] if "epoch" in h and metric in h]
     if points:
@@ -196,7 +206,7 @@ def _plots(trials: list[dict], metric: str, best: dict | None, out: Path) -> dic
         ax.plot([e for e, _ in points], [100 * v for _, v in points], marker="o")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set(xlabel="epoch", ylabel=f"{metric} (%)", title=f"best trial {best['trial']}: dev {metric}")
-        written["best_trial_curve.png"] = _save_figure(fig, out / "best_trial_curve.png")
+        written["best_trial_curve.png"] = save_figure(fig, out / "best_trial_curve.png")
     elif best is not None:
         logger.warning("best trial %s has no per-epoch %s in its history: no curve plotted", best["trial"], metric)
     return written

@@ -19,6 +19,7 @@ import dataclasses
 import importlib
 import json
 import os
+import pickle
 import platform
 import subprocess
 import time
@@ -191,9 +192,18 @@ def load_tokenizer(model: str, tokenizer: str | None = None):
     path = Path(source)
     if path.is_dir() and (path / "vocab.txt").is_file() and not (path / "tokenizer_config.json").is_file():
         path = path / "vocab.txt"  # a released BERT folder: vocab.txt (+ bert_config.json) only
+    if path.suffix == ".txt" and path.is_file():
+        from .pretraining.tokenizer import check_bert_vocabulary
+
+        if path.stat().st_size == 0:
+            raise RunError(f"{path}: the vocabulary file is empty; expected one token per line")
+        tok = wordpiece_tokenizer(path)
+        try:  # a token missing from a bare vocab.txt would be appended past the model's embeddings
+            check_bert_vocabulary(tok, str(path))
+        except ValueError as err:
+            raise RunError(str(err)) from None
+        return tok
     try:
-        if path.suffix == ".txt" and path.is_file():
-            return wordpiece_tokenizer(path)
         return AutoTokenizer.from_pretrained(source)
     except (OSError, ValueError) as err:
         raise RunError(f"cannot load a tokenizer from {source!r} ({str(err).splitlines()[0][:200]}); offline, pass "
@@ -234,17 +244,46 @@ def load_model(card: TaskCard, model: str, max_seq_length: int, vocab_size: int 
         config = BertSuiteConfig.from_preset(model.split(":", 1)[1], **sizes, **labels)
         if config.max_position_embeddings < max_seq_length:
             raise RunError(f"max_seq_length {max_seq_length} exceeds the preset's max_position_embeddings "
-                           f"({config.max_position_embeddings})")
+                           f"({config.max_position_embeddings}) of {model}; pass --max_seq_length "
+                           f"{config.max_position_embeddings} or less")
         return adapter.MODEL_CLASS(config)
+    check_checkpoint_folder(model)
     try:
         loaded = adapter.MODEL_CLASS.from_pretrained(model, **labels)
-    except OSError as err:
-        raise RunError(f"cannot load model {model!r} ({str(err).splitlines()[0][:200]}); offline, pass a local "
-                       "checkpoint folder with --model (or preset:NAME with --tokenizer)") from None
+    except (OSError, pickle.UnpicklingError) as err:
+        raise model_load_error(model, err) from None
     if loaded.config.max_position_embeddings < max_seq_length:
         raise RunError(f"max_seq_length {max_seq_length} exceeds the model's max_position_embeddings "
-                       f"({loaded.config.max_position_embeddings})")
+                       f"({loaded.config.max_position_embeddings}) in {model}; pass --max_seq_length "
+                       f"{loaded.config.max_position_embeddings} or less")
+    if vocab_size and vocab_size > loaded.config.vocab_size:
+        raise RunError(f"the tokenizer has {vocab_size} tokens but {model} embeds only vocab_size "
+                       f"({loaded.config.vocab_size}) of them; expected the tokenizer the model was trained with "
+                       "(--tokenizer)")
     return loaded
+
+
+def check_checkpoint_folder(model: str) -> None:
+    """A local folder given as a model must be a checkpoint (config.json beside the weights)."""
+    path = Path(model)
+    if path.is_dir() and not (path / "config.json").is_file():
+        found = ", ".join(sorted(p.name for p in path.iterdir())[:5]) or "nothing"
+        raise RunError(f"{model}: no config.json (found: {found}); expected a checkpoint folder with config.json "
+                       "and model.safetensors (a finetune output, or a downloaded BERT)")
+
+
+def model_load_error(model: str, err: Exception) -> RunError:
+    """The message for a checkpoint transformers cannot load: a local folder, or a Hub id (offline?)."""
+    reason = str(err).splitlines()[0][:200]
+    if isinstance(err, pickle.UnpicklingError):
+        return RunError(f"{model}: its pytorch_model.bin holds pickled objects other than tensors, which bert_suite "
+                        "never loads (.bin weights are read with weights_only=True, so no code in a checkpoint "
+                        "runs); expected plain tensors, or model.safetensors")
+    if Path(model).is_dir():
+        return RunError(f"{model}: cannot load the checkpoint ({reason}); expected a checkpoint folder with "
+                        "config.json and model.safetensors (a finetune output, or a downloaded BERT)")
+    return RunError(f"cannot load model {model!r} ({reason}); offline, pass a local checkpoint folder with --model "
+                    "(or preset:NAME with --tokenizer)")
 
 
 def selection_key(card: TaskCard) -> str:

@@ -56,7 +56,8 @@ def read_text(path, expected: str) -> str:
         return raw.decode("utf-8-sig")
     except UnicodeDecodeError as err:
         line_no = raw[: err.start].count(b"\n") + 1
-        raise DataError(f"{path}:{line_no}: not valid UTF-8 ({err.reason} at byte {err.start})") from None
+        raise DataError(f"{path}:{line_no}: not valid UTF-8 ({err.reason} at byte {err.start}); expected {expected} "
+                        "in UTF-8") from None
 
 
 # Windows over a long sequence, shared by SQuAD (contexts) and NER (documents).

@@ -43,7 +43,8 @@ def read_tsv_split(card: TaskCard, split: str, path: Path, skip_bad_rows: bool =
         first_row = 2
         missing = [col for col in spec.columns.values() if col not in header]
         if missing:
-            raise DataError(f"{path}:1: header has no column {missing[0]!r} (columns: {', '.join(header)})")
+            raise DataError(f"{path}:1: header has no column {missing[0]!r}; expected the columns "
+                            f"{', '.join(map(str, spec.columns.values()))} (found: {', '.join(header)})")
         positions = {name: header.index(col) for name, col in spec.columns.items()}
         width = len(header)
     else:
@@ -68,18 +69,22 @@ def read_tsv_split(card: TaskCard, split: str, path: Path, skip_bad_rows: bool =
             row = {name: fields[pos] for name, pos in positions.items()}
             for name in card.text_columns:
                 if not row[name].strip():
-                    raise DataError(f"{path}:{line_no}: empty text in column {spec.columns[name]!r}")
+                    raise DataError(f"{path}:{line_no}: empty text in column {spec.columns[name]!r}; expected non-empty "
+                                    "text")
             if wanted_label:
                 raw = row[card.label_column].strip()
                 if card.is_regression:
                     try:
                         label = float(raw)
                     except ValueError:
-                        raise DataError(f"{path}:{line_no}: label {raw!r} is not a number") from None
+                        raise DataError(f"{path}:{line_no}: label {raw!r} is not a number; expected a score") from None
                 elif raw in label_ids:
                     label = label_ids[raw]
                 else:
                     raise DataError(f"{path}:{line_no}: label {raw!r} is not one of the card's labels {card.labels}")
+            if "idx" in row and not row["idx"].strip().isdigit():  # it names the row in the server files
+                raise DataError(f"{path}:{line_no}: index {row['idx']!r} is not a number; expected the row's index "
+                                f"(column {spec.columns['idx']!r}), 0, 1, ...")
         except DataError:
             if not skip_bad_rows:
                 raise
@@ -87,11 +92,14 @@ def read_tsv_split(card: TaskCard, split: str, path: Path, skip_bad_rows: bool =
             continue
         for name in card.text_columns:
             columns[name].append(row[name])
-        columns["idx"].append(int(row["idx"]) if "idx" in row and row["idx"].strip().isdigit() else row_number)
+        columns["idx"].append(int(row["idx"]) if "idx" in row else row_number)
         if wanted_label:
             columns["label"].append(label)
+    if not columns["idx"] and skipped:
+        raise DataError(f"{path}: all {skipped} data rows are malformed and were skipped (--skip_bad_rows); "
+                        "expected at least one good row")
     if not columns["idx"]:
-        raise DataError(f"{path}: no data rows (header only?)")
+        raise DataError(f"{path}: no data rows (header only?); expected at least one row")
     return datasets.Dataset.from_dict(columns), skipped
 
 

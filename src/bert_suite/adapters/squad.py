@@ -330,7 +330,10 @@ def preprocess(dataset: datasets.Dataset, card: TaskCard, tokenizer, max_seq_len
     features = dataset.map(encode, batched=True, remove_columns=dataset.column_names,
                            desc=f"tokenising {card.name} ({'train' if train else 'eval'})")
     if len(features) == 0:
-        raise DataError(f"{source}: no usable questions left after pre-processing")
+        why = f"all {len(dataset)} skipped: their first answer does not match the context at answer_start" \
+            if train and skipped == len(dataset) else "no features"
+        raise DataError(f"{source}: no usable questions left after pre-processing ({why}); expected at least one "
+                        "question whose answer text is found at its answer_start")
     return features
 
 

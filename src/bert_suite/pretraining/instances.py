@@ -33,6 +33,7 @@ import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+from ..report import atomic_write_text
 from .tokenizer import SPECIAL_TOKENS, check_bert_vocabulary, check_input_files, load_pretraining_tokenizer
 
 FORMATS = ("auto", "lines", "raw", "wikitext")
@@ -190,13 +191,17 @@ def _document_spans(path: Path, fmt: str) -> Iterator[tuple[int, int, bool]]:
 
 def file_encoding(path: str | Path) -> str:
     """`utf-8`, or `cp1252` for a file that is not UTF-8 but decodes as Windows-1252/Latin-1 (older
-    Project Gutenberg texts are such); anything else is a ValueError naming the file and byte."""
+    Project Gutenberg texts are such); anything else, and a file holding NUL bytes (binary data,
+    which both encodings would decode silently), is a ValueError naming the file and byte."""
     for encoding in ("utf-8", "cp1252"):
         decoder = codecs.getincrementaldecoder(encoding)()
         offset = 0
         try:
             with open(path, "rb") as f:
                 while block := f.read(1 << 22):
+                    if encoding == "utf-8" and (nul := block.find(b"\x00")) >= 0:
+                        raise ValueError(f"{path}: byte {offset + nul}: a NUL byte, so not a text corpus (a binary "
+                                         "file, or UTF-16 text); expected a text file in UTF-8 or Windows-1252")
                     decoder.decode(block)
                     offset += len(block)
                 decoder.decode(b"", final=True)
@@ -204,7 +209,8 @@ def file_encoding(path: str | Path) -> str:
         except UnicodeDecodeError as err:
             if encoding == "utf-8":
                 first_error = f"byte {offset + err.start}: {err.reason}"
-    raise ValueError(f"{path}: {first_error}: the file is neither UTF-8 nor Windows-1252 text")
+    raise ValueError(f"{path}: {first_error}: the file is neither UTF-8 nor Windows-1252 text; expected a text file "
+                     "(a binary file?)")
 
 
 def _read_piece(path: str, fmt: str, encoding: str, start: int, end: int) -> Iterator[list[str]]:
@@ -571,7 +577,7 @@ def build_pretraining_dataset(files: list[str], tokenizer, output_dir: str, max_
         "tokenizer_vocab_size": len(tokenizer),
         "special_token_ids": special,
     }
-    (out / STATS_FILE).write_text(json.dumps(stats, indent=2) + "\n", encoding="utf-8")
+    atomic_write_text(out / STATS_FILE, json.dumps(stats, indent=2) + "\n")
     return stats
 
 

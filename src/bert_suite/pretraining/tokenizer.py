@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..report import atomic_write_text
+
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 
 
@@ -75,8 +77,7 @@ def train_tokenizer(files: list[str], vocab_size: int, lowercase: bool, output_d
     out.mkdir(parents=True, exist_ok=True)
     tokenizer.save_pretrained(str(out))
     vocab = backend.get_vocab()
-    (out / "vocab.txt").write_text("".join(f"{tok}\n" for tok, _ in sorted(vocab.items(), key=lambda kv: kv[1])),
-                                   encoding="utf-8")
+    atomic_write_text(out / "vocab.txt", "".join(f"{tok}\n" for tok, _ in sorted(vocab.items(), key=lambda kv: kv[1])))
     return tokenizer
 
 
@@ -114,7 +115,8 @@ def load_pretraining_tokenizer(path: str):
     elif where.is_file():
         source = where
         if where.stat().st_size == 0:
-            raise ValueError(f"{where}: the vocabulary file is empty")
+            raise ValueError(f"{where}: the vocabulary file is empty; expected one token per line, with "
+                             + " ".join(SPECIAL_TOKENS))
         tokenizer = wordpiece_tokenizer(where)
     else:
         raise ValueError(f"{where}: no such tokenizer folder or vocab.txt")
