@@ -31,9 +31,17 @@ from tqdm.auto import tqdm
 from transformers import get_linear_schedule_with_warmup
 
 from bert_suite import BertSuiteConfig, BertSuiteForPreTraining
+from bert_suite.pretraining.checkpoints import (
+    complete_checkpoints,
+    load_checkpoint,
+    load_initial_model,
+    save_checkpoint,
+    trim_log,
+)
 from bert_suite.pretraining.config import load_pretrain_config
 from bert_suite.pretraining.masking import MaskingCollator
 from bert_suite.pretraining.tokenizer import load_pretraining_tokenizer
+from bert_suite.report import atomic_write_text
 
 COLUMNS = ("input_ids", "token_type_ids", "next_sentence_label")
 
@@ -174,7 +182,7 @@ def main(argv=None):
     set_seed(cfg.seed)
     tokenizer = load_pretraining_tokenizer(cfg.tokenizer)
     if cfg.init_from:
-        model = BertSuiteForPreTraining.from_pretrained(cfg.init_from)
+        model = load_initial_model(cfg.init_from)
     else:
         model = BertSuiteForPreTraining(BertSuiteConfig.from_preset(
             cfg.model_size, vocab_size=len(tokenizer), use_nsp=cfg.use_nsp, causal_attention=cfg.causal_attention))
@@ -203,21 +211,23 @@ def main(argv=None):
     # One schedule over both phases; not passed to prepare(), which would step it once per process.
     scheduler = get_linear_schedule_with_warmup(optimizer, cfg.warmup_steps, cfg.max_steps)
     model, optimizer = accelerator.prepare(model, optimizer)
-    accelerator.register_for_checkpointing(scheduler)
 
     step = 0
     checkpoints = out / "checkpoints"
-    if cfg.resume_from_checkpoint:
-        found = [Path(cfg.resume_from_checkpoint)] if cfg.resume_from_checkpoint != "auto" else sorted(
-            (p for p in checkpoints.glob("step-*") if (p / "progress.json").is_file()), key=lambda p: int(p.name[5:]))
+    if cfg.resume_from_checkpoint:  # only complete checkpoints: one killed mid-write is never loaded
+        found = [Path(cfg.resume_from_checkpoint)] if cfg.resume_from_checkpoint != "auto" else \
+            complete_checkpoints(checkpoints)
         if found:
-            accelerator.load_state(str(found[-1]))
-            step = json.loads((found[-1] / "progress.json").read_text())["step"]
+            step = load_checkpoint(accelerator, found[-1], scheduler)
             accelerator.print(f"resumed from {found[-1]} at step {step}")
     if accelerator.is_main_process:
         out.mkdir(parents=True, exist_ok=True)
-        if step == 0:  # a fresh start: no curve left over from an earlier run in this folder
+        # a fresh start has no curve left over from an earlier run; a resumed one drops the steps
+        # logged after its checkpoint by the run that died
+        if step == 0:
             (out / "metrics.jsonl").unlink(missing_ok=True)
+        else:
+            trim_log(out / "metrics.jsonl", step)
     if report_to:
         accelerator.init_trackers("pretrain", config={k: v for k, v in vars(cfg).items() if k != "extra"})
 
@@ -263,34 +273,27 @@ def main(argv=None):
                 with open(out / "metrics.jsonl", "a") as f:
                     f.write(json.dumps(logs) + "\n")
         if step % cfg.save_steps == 0 and step < cfg.max_steps:
-            save_checkpoint(accelerator, checkpoints, step, cfg.save_total_limit)
+            save_checkpoint(accelerator, checkpoints, step, scheduler, cfg.save_total_limit)
     bar.close()
 
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
-        final = out / "final"
-        accelerator.unwrap_model(model).save_pretrained(final)
-        tokenizer.save_pretrained(final)
+        final, staging = out / "final", out / "final.incomplete"  # renamed when complete, as checkpoints
+        shutil.rmtree(staging, ignore_errors=True)
+        accelerator.unwrap_model(model).save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        shutil.rmtree(final, ignore_errors=True)
+        staging.rename(final)
         results = {"step": step, "config": vars(cfg), **(history[-1] if history else {})}
-        (out / "pretrain_results.json").write_text(json.dumps(results, indent=2, default=str))
+        atomic_write_text(out / "pretrain_results.json", json.dumps(results, indent=2, default=str))
         accelerator.print(f"saved {final}: " + ", ".join(f"{k} {v:.4g}" for k, v in (history or [{}])[-1].items()))
         if cfg.push_to_hub:
             from bert_suite.hub import pretraining_card, push_to_hub
 
-            (final / "README.md").write_text(pretraining_card(cfg.hub_model_id, results))
+            atomic_write_text(final / "README.md", pretraining_card(cfg.hub_model_id, results))
             accelerator.print(f"pushed to {push_to_hub(final, cfg.hub_model_id)}")
     accelerator.end_training()
     return history
-
-
-def save_checkpoint(accelerator, checkpoints: Path, step: int, keep: int) -> None:
-    target = checkpoints / f"step-{step}"
-    accelerator.save_state(str(target))
-    if accelerator.is_main_process:
-        (target / "progress.json").write_text(json.dumps({"step": step}))
-        for old in sorted(checkpoints.glob("step-*"), key=lambda p: int(p.name[5:]))[:-keep]:
-            shutil.rmtree(old, ignore_errors=True)
-    accelerator.wait_for_everyone()
 
 
 if __name__ == "__main__":

@@ -76,12 +76,12 @@ def _run(command: list[str], log: Path) -> None:
 
 
 def plot_pretraining(metrics_file: Path, out: Path) -> Path:
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
+
+    from .report import save_figure
 
     rows = [json.loads(line) for line in metrics_file.read_text().splitlines() if line.strip()]
     fig = Figure(figsize=(11, 3.2), layout="constrained")
-    FigureCanvasAgg(fig)
     panels = (("mlm_loss", "eval_mlm_loss", "MLM loss"), ("nsp_accuracy", "eval_nsp_accuracy", "NSP accuracy"),
               ("mlm_accuracy", "eval_mlm_accuracy", "MLM accuracy"))
     for n, (train_key, eval_key, title) in enumerate(panels, start=1):
@@ -92,8 +92,7 @@ def plot_pretraining(metrics_file: Path, out: Path) -> Path:
                 ax.plot(*zip(*points, strict=True), marker="o" if label == "held-out" else None, label=label)
         ax.set(title=title, xlabel="step")
         ax.legend()
-    fig.savefig(out, format="png", dpi=100)
-    return out
+    return save_figure(fig, out)
 
 
 def verdict(pretrained: float, random_init: float, n: int) -> str:

@@ -3,8 +3,11 @@ restarts (seeds), recorded in an Optuna study so that it is resumable and sharea
 
 Every trial is recorded in the study (SQLite in the output folder by default, or any database
 URL: several `bert-suite grid` processes pointed at one database share the grid). Rerunning the
-same command skips finished trials; a trial killed mid-run is picked up again after the
-unvisited ones. Data are tokenised once for the whole grid.
+same command skips finished trials. A trial whose process died (killed, crashed, power cut) is
+recognised by its worker record (this host, a process that no longer exists) and run again under
+its own trial number, before any new one, so a grid interrupted at any moment ends with the same
+results table as an uninterrupted one (docs/RELIABILITY.md). Data are tokenised once for the whole
+grid.
 """
 
 from __future__ import annotations
@@ -13,7 +16,10 @@ import hashlib
 import itertools
 import json
 import math
+import os
 import shutil
+import socket
+import time
 from pathlib import Path
 
 import optuna
@@ -22,8 +28,17 @@ from optuna.trial import TrialState
 from tqdm.auto import tqdm
 
 from .cards import TaskCard
+from .faults import failpoint
 from .report import atomic_write_text, select_best, write_grid_report
-from .runner import RunError, prepare, selection_key, train_and_evaluate, training_arguments, write_manifest
+from .runner import (
+    TASK_SETTINGS_FILE,
+    RunError,
+    prepare,
+    selection_key,
+    train_and_evaluate,
+    training_arguments,
+    write_manifest,
+)
 
 AXES = ("learning_rate", "per_device_train_batch_size", "num_train_epochs", "seed")
 PRESETS = {
@@ -78,6 +93,35 @@ def study_name(card: TaskCard, space: dict[str, list]) -> str:
     return f"{card.name}-grid-{digest[:10]}"
 
 
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return False  # this process is not running it: a trial it left behind (or a reused pid)
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # exists, owned by someone else
+        return True
+    return True
+
+
+def orphaned_trials(study: optuna.Study, grace_seconds: float = 60.0) -> list[optuna.trial.FrozenTrial]:
+    """Running trials whose worker is gone: started on this host by a process that no longer
+    exists, or never claimed by a worker (killed between `ask` and the claim) for longer than
+    `grace_seconds`. Trials of live processes, and of other hosts, are left alone."""
+    host, now = socket.gethostname(), time.time()
+    orphans = []
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        worker = t.user_attrs.get("worker")
+        if worker is None:
+            started = t.datetime_start.timestamp() if t.datetime_start else now
+            if now - started > grace_seconds:
+                orphans.append(t)
+        elif worker.get("host") == host and not _alive(int(worker.get("pid", -1))):
+            orphans.append(t)
+    return orphans
+
+
 def _point(params: dict) -> tuple:
     return tuple(params[a] for a in AXES)
 
@@ -115,29 +159,46 @@ def run_grid(card: TaskCard, model: str, output_dir: str, data_dir: str | None =
                                 direction="maximize", sampler=_GridSampler(space, seed=0))
     points = set(itertools.product(*space.values()))
     metric = selection_key(card)
-    prepared = None
-    bar = tqdm(total=len(points), desc=f"grid {card.name}", unit="trial")
+    prepared = bar = None
     while True:
         done = {_point(r) for r in trial_records(study) if _point(r) in points}
-        bar.n = len(done)
-        bar.refresh()
+        if bar is not None:
+            bar.n = len(done)
+            bar.refresh()
         if len(done) >= len(points):
             break
         prepared = prepared or prepare(card, model, data_dir, tokenizer, max_seq_length)
-        trial = study.ask()
+        # after prepare, so that a bad model, tokenizer or data file is an error line without a bar
+        bar = bar or tqdm(total=len(points), initial=len(done), desc=f"grid {card.name}", unit="trial")
+        orphans = orphaned_trials(study)
+        # An orphan keeps its number and grid point (GridSampler gives trial k point k), so the
+        # finished grid numbers its trials exactly as an uninterrupted run would.
+        trial = optuna.trial.Trial(study, orphans[0]._trial_id) if orphans else study.ask()
+        trial.set_user_attr("worker", {"host": socket.gethostname(), "pid": os.getpid()})
         params = {axis: trial.suggest_categorical(axis, values) for axis, values in space.items()}
         if _point(params) in done:  # another worker finished this point meanwhile
             trial.set_user_attr("skipped", True)
             study.tell(trial, state=TrialState.PRUNED)
             continue
         trial_dir = out / "trials" / f"trial-{trial.number:03d}"
+        if orphans:
+            tqdm.write(f"[grid] trial {trial.number} {params} was interrupted: running it again")
+            shutil.rmtree(trial_dir, ignore_errors=True)  # whatever the dead run left half-written
         try:
             args = training_arguments(card, str(trial_dir), {**(overrides or {}), **params})
             result = train_and_evaluate(prepared, model, args, save_to=trial_dir / "checkpoint")
+            failpoint("grid.trial_trained")
             value = result["metrics"].get(metric)
-            loss = result["metrics"].get("train_loss")
-            if value is None or not math.isfinite(value) or (loss is not None and not math.isfinite(loss)):
-                raise FloatingPointError(f"non-finite result: {metric}={value}, train_loss={loss}")
+            # a diverged model can still score (argmax of NaN logits), so every loss is checked too
+            bad = {k: v for k, v in result["metrics"].items() if (k == metric or k.endswith("loss"))
+                   and isinstance(v, float) and not math.isfinite(v)}
+            if value is None or bad:
+                raise FloatingPointError("non-finite result: " + ", ".join(f"{k}={v}" for k, v in
+                                                                         (bad or {metric: value}).items()))
+        except RunError:  # the model or flags cannot work for any trial: stop, leaving no record
+            trial.set_user_attr("skipped", True)
+            study.tell(trial, state=TrialState.PRUNED)
+            raise
         except Exception as err:  # a failed trial is recorded with its reason; the grid goes on
             trial.set_user_attr("error", f"{type(err).__name__}: {str(err)[:500]}")
             study.tell(trial, state=TrialState.FAIL)
@@ -149,14 +210,17 @@ def run_grid(card: TaskCard, model: str, output_dir: str, data_dir: str | None =
         for key in ("metrics", "history", "train_runtime"):
             trial.set_user_attr(key, json.loads(json.dumps(result[key], default=float)))
         study.tell(trial, value)
+        failpoint("grid.trial_told")
         _keep_if_best(study, trial.number, trial_dir, out, keep_all)
         write_manifest(out / "run_manifest.json", prepared, model, data_dir, args,
                        {"grid": space, "study_storage": storage.split("///")[0] + "///...", "selection": metric})
-    bar.close()
+    if bar is not None:
+        bar.close()
     records = trial_records(study)
     files = write_grid_report(records, metric, out, task=card.name, paper=card.paper or None)
     best = select_best(records, metric)
     if best is not None:
+        _finish_best(out, best, records, keep_all)
         atomic_write_text(out / "best_trial.json", json.dumps(best, indent=2, default=float))
     return {"best": best, "records": records, "files": files}
 
@@ -166,11 +230,45 @@ def _keep_if_best(study: optuna.Study, number: int, trial_dir: Path, out: Path, 
     checkpoint = trial_dir / "checkpoint"
     best = study.best_trial
     if best.number == number:
-        staging = out / "best.incoming"
-        shutil.rmtree(staging, ignore_errors=True)
-        (shutil.copytree if keep_all else shutil.move)(str(checkpoint), str(staging))
-        atomic_write_text(staging / "best_trial.json", json.dumps({"trial": number, **best.params}, default=float))
-        shutil.rmtree(out / "best", ignore_errors=True)
-        staging.rename(out / "best")
+        _install_best(out, checkpoint, {"trial": number, **best.params}, keep_all)
     elif not keep_all:
         shutil.rmtree(checkpoint, ignore_errors=True)
+
+
+def _install_best(out: Path, checkpoint: Path, marker: dict, copy: bool) -> None:
+    """out/best := checkpoint. The copy is staged in best.incoming and marked complete by its
+    best_trial.json before the old best is removed, so a crash at any point leaves a complete
+    checkpoint in best or in best.incoming (`_finish_best` completes the swap)."""
+    staging = out / "best.incoming"
+    shutil.rmtree(staging, ignore_errors=True)
+    (shutil.copytree if copy else shutil.move)(str(checkpoint), str(staging))
+    atomic_write_text(staging / "best_trial.json", json.dumps(marker, default=float))
+    failpoint("grid.best_swap")
+    shutil.rmtree(out / "best", ignore_errors=True)
+    staging.rename(out / "best")
+
+
+def _holds(folder: Path, trial: int) -> bool:
+    marker = folder / "best_trial.json"
+    return marker.is_file() and json.loads(marker.read_text()).get("trial") == trial
+
+
+def _finish_best(out: Path, best: dict, records: list[dict], keep_all: bool) -> None:
+    """After the loop: make out/best hold the best trial's checkpoint, whatever an interrupted run
+    left (a swap half done, a finished trial killed before its checkpoint was kept), and drop the
+    checkpoints that such a run left behind in other finished trials' folders (unless keep_all)."""
+    own = out / "trials" / f"trial-{best['trial']:03d}" / "checkpoint"
+    if _holds(out / "best.incoming", best["trial"]) and not _holds(out / "best", best["trial"]):
+        shutil.rmtree(out / "best", ignore_errors=True)
+        (out / "best.incoming").rename(out / "best")
+    elif not _holds(out / "best", best["trial"]):
+        if (own / TASK_SETTINGS_FILE).is_file():  # written last by train_and_evaluate: complete
+            _install_best(out, own, {"trial": best["trial"], **{a: best[a] for a in AXES}}, keep_all)
+        else:
+            tqdm.write(f"[grid] warning: the best trial ({best['trial']}) has no checkpoint left in {own} or "
+                       f"{out / 'best'} (deleted?); its results stand, but to get its weights run that point again")
+    shutil.rmtree(out / "best.incoming", ignore_errors=True)
+    if not keep_all:
+        for r in records:
+            if r["trial"] != best["trial"]:
+                shutil.rmtree(out / "trials" / f"trial-{r['trial']:03d}" / "checkpoint", ignore_errors=True)

@@ -503,7 +503,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     text = json.dumps(result, indent=2)
     if args.out_file:
-        Path(args.out_file).write_text(text + "\n", encoding="utf-8")
+        from ..report import atomic_write_text
+
+        atomic_write_text(args.out_file, text + "\n")
     print(text)
     return 0
 

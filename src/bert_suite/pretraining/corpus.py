@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import os
 import re
 import sysconfig
 from collections.abc import Iterator
@@ -82,7 +83,8 @@ def build_embedded_corpus(output_dir: str | Path, heldout_share: float = 0.2, ro
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     counts = {"pretrain": [0, 0], "heldout": [0, 0]}
-    files = {name: open(out / f"{name}.txt", "w", encoding="utf-8") for name in counts}
+    # under temporary names, renamed when complete: a crash never leaves a truncated corpus
+    files = {name: open(out / f".{name}.txt.incomplete", "w", encoding="utf-8") for name in counts}
     try:
         for name, sentences in iter_documents(root):
             split = split_of(name, heldout_share)
@@ -92,6 +94,8 @@ def build_embedded_corpus(output_dir: str | Path, heldout_share: float = 0.2, ro
     finally:
         for f in files.values():
             f.close()
+    for name in counts:
+        os.replace(out / f".{name}.txt.incomplete", out / f"{name}.txt")
     if counts["pretrain"][0] < 2:
         raise ValueError(f"the embedded corpus from {root or 'the stdlib'} has {counts['pretrain'][0]} documents; "
                          "pre-training needs at least two")

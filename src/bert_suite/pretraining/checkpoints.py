@@ -1,0 +1,96 @@
+"""Pre-training checkpoints that survive a crash at any moment, including during their own write.
+
+A checkpoint is written into `step-N.incomplete`, marked by `progress.json` (the step and the
+learning-rate schedule's state), then renamed to `step-N`: a rename is atomic, so `step-N` is
+either absent or complete, and only complete ones are ever loaded. Nothing in a checkpoint is
+unpickled: accelerate reads the model (safetensors), optimizer and RNG states with
+`weights_only=True`, and the schedule's state is JSON (accelerate would read a registered
+scheduler object with `weights_only=False`).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+from ..faults import failpoint
+from ..report import atomic_write_text
+
+PROGRESS = "progress.json"
+_COMPLETE = re.compile(r"step-(\d+)")
+
+
+def complete_checkpoints(folder: str | Path) -> list[Path]:
+    """The complete checkpoints in `folder`, oldest first."""
+    found = [(int(m.group(1)), p) for p in Path(folder).glob("step-*")
+             if (m := _COMPLETE.fullmatch(p.name)) and (p / PROGRESS).is_file()]
+    return [p for _, p in sorted(found)]
+
+
+def save_checkpoint(accelerator, folder: str | Path, step: int, scheduler, keep: int) -> Path:
+    """accelerate `save_state` + the schedule, atomically as `folder/step-{step}`; keeps the
+    newest `keep` checkpoints."""
+    folder = Path(folder)
+    target, staging = folder / f"step-{step}", folder / f"step-{step}.incomplete"
+    if accelerator.is_main_process:
+        shutil.rmtree(staging, ignore_errors=True)
+    accelerator.wait_for_everyone()
+    accelerator.save_state(str(staging))
+    failpoint("pretrain.checkpoint_write")
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        atomic_write_text(staging / PROGRESS, json.dumps({"step": step, "scheduler": scheduler.state_dict()}))
+        shutil.rmtree(target, ignore_errors=True)
+        staging.rename(target)
+        for old in [*complete_checkpoints(folder)[:-keep], *folder.glob("step-*.incomplete")]:
+            shutil.rmtree(old, ignore_errors=True)
+    accelerator.wait_for_everyone()
+    return target
+
+
+def load_checkpoint(accelerator, path: str | Path, scheduler) -> int:
+    """Restore a checkpoint written by `save_checkpoint`; returns its step."""
+    path = Path(path)
+    if not (path / PROGRESS).is_file():
+        raise ValueError(f"{path}: not a complete checkpoint (no {PROGRESS}); checkpoints are the step-N folders "
+                         "under OUTPUT_DIR/checkpoints")
+    progress = json.loads((path / PROGRESS).read_text())
+    accelerator.load_state(str(path))
+    scheduler.load_state_dict(progress["scheduler"])
+    return int(progress["step"])
+
+
+def load_initial_model(source: str):
+    """`init_from`: a checkpoint folder, or a Hub id (offline when the Hub cannot be reached, so a
+    missing model fails at once, naming the local alternative)."""
+    from .. import BertSuiteForPreTraining
+
+    if not Path(source).is_dir():
+        from ..hub import offline_unless_reachable
+
+        offline_unless_reachable()
+    try:
+        return BertSuiteForPreTraining.from_pretrained(source)
+    except OSError as err:
+        raise ValueError(f"init_from {source!r}: cannot load a checkpoint ({str(err).splitlines()[0][:200]}); "
+                         "offline, set init_from to a local checkpoint folder (save_pretrained output)") from None
+
+
+def trim_log(path: str | Path, step: int) -> None:
+    """Drop the lines of a JSON-lines log written after `step` (by a run that died after its last
+    checkpoint), so that a resumed run's curve has each step once."""
+    path = Path(path)
+    if path.is_file():
+        lines = path.read_text().splitlines()
+        kept = [line for line in lines if (logged := _step(line)) is not None and logged <= step]
+        if len(kept) != len(lines):
+            atomic_write_text(path, "".join(f"{line}\n" for line in kept))
+
+
+def _step(line: str) -> int | None:
+    try:
+        return int(json.loads(line).get("step", 0))
+    except (ValueError, AttributeError):
+        return None  # a line torn by a crash mid-write
