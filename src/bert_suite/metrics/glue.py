@@ -9,8 +9,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-from scipy.stats import pearsonr, spearmanr
-from sklearn.metrics import f1_score, matthews_corrcoef
+
+# scipy and scikit-learn are imported where they are used: task cards read GLUE_METRIC_FIELDS, and
+# every command reads a card.
 
 _ACC = ("accuracy",)
 _ACC_F1 = ("accuracy", "f1")
@@ -59,6 +60,8 @@ def glue_metrics(task: str, predictions: Sequence | np.ndarray, references: Sequ
 
     if task == "stsb":
         return _correlations(preds, refs)
+    from sklearn.metrics import f1_score, matthews_corrcoef
+
     if task == "cola":
         # sklearn already returns 0.0 (not NaN) when a side holds a single class.
         return {"matthews_correlation": float(matthews_corrcoef(refs, preds))}
@@ -74,6 +77,8 @@ def _correlations(preds: np.ndarray, refs: np.ndarray) -> dict[str, float]:
     """Pearson and Spearman correlation of stsb scores."""
     # scipy computes in the inputs' precision (float32 in, float32 out); float64 makes the result
     # independent of the caller's dtype.
+    from scipy.stats import pearsonr, spearmanr
+
     preds, refs = preds.astype(np.float64), refs.astype(np.float64)
     for name, values in (("predictions", preds), ("references", refs)):
         if not np.isfinite(values).all():
