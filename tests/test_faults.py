@@ -192,7 +192,7 @@ def test_trim_log_drops_later_steps_and_a_line_torn_by_a_crash(tmp_path):
 # Writes that are not results files: logs appended line by line, subprocess output, the temp file
 # of the atomic writer itself, and intermediate files of a build whose output is renamed at the end.
 NOT_RESULTS = {
-    ("src/bert_suite/report.py", "_replace_atomically", "fdopen:wb"): "the atomic writer's own temp file",
+    ("src/bert_suite/report.py", "atomic_write_with", "fdopen:wb"): "the atomic writer's own temp file",
     ("src/bert_suite/report.py", "save_figure", "savefig"): "into the atomic writer's temp file",
     ("src/bert_suite/demo.py", "_run", "open:w"): "a step's console log, streamed while it runs",
     ("src/bert_suite/pretraining/corpus.py", "build_embedded_corpus", "open:w"): "streamed under a temporary "

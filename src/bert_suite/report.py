@@ -26,8 +26,8 @@ SETTING_KEYS = ("learning_rate", "per_device_train_batch_size", "num_train_epoch
 _NOT_SCORE_MARKERS = ("loss", "runtime", "per_second", "epoch", "thresh", "total")
 
 
-def _replace_atomically(path: str | Path, write: Callable[[IO[bytes]], object]) -> Path:
-    """Call `write` on a temp file next to `path`, then rename it onto `path`."""
+def atomic_write_with(path: str | Path, write: Callable[[IO[bytes]], object]) -> Path:
+    """Call `write` on a temp file next to `path`, then rename it onto `path` (e.g. a zip archive)."""
     path = Path(path)
     # Same folder, so os.replace is a rename on one file system: readers see old or new, never half.
     # os.open with 0o666 rather than mkstemp so the file gets the usual umask mode, not 0600.
@@ -47,16 +47,11 @@ def _replace_atomically(path: str | Path, write: Callable[[IO[bytes]], object]) 
 
 def atomic_write_text(path: str | Path, text: str) -> Path:
     """Write `text` (UTF-8) to `path` atomically; returns the path."""
-    return _replace_atomically(path, lambda f: f.write(text.encode("utf-8")))
+    return atomic_write_with(path, lambda f: f.write(text.encode("utf-8")))
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
-    return _replace_atomically(path, lambda f: f.write(data))
-
-
-def atomic_write_with(path: str | Path, write: Callable[[IO[bytes]], object]) -> Path:
-    """`write(file)` into a temp file, renamed onto `path` once complete (e.g. a zip archive)."""
-    return _replace_atomically(path, write)
+    return atomic_write_with(path, lambda f: f.write(data))
 
 
 def _validate(trials: list[dict], metric: str) -> None:
@@ -168,7 +163,7 @@ def save_figure(fig, path: Path) -> Path:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
     FigureCanvasAgg(fig)  # Agg explicitly: no display needed, no pyplot global state touched
-    return _replace_atomically(path, lambda f: fig.savefig(f, format="png", dpi=100))
+    return atomic_write_with(path, lambda f: fig.savefig(f, format="png", dpi=100))
 
 
 def _plots(trials: list[dict], metric: str, best: dict | None, out: Path) -> dict[str, Path]:

@@ -193,16 +193,12 @@ def load_tokenizer(model: str, tokenizer: str | None = None):
     if path.is_dir() and (path / "vocab.txt").is_file() and not (path / "tokenizer_config.json").is_file():
         path = path / "vocab.txt"  # a released BERT folder: vocab.txt (+ bert_config.json) only
     if path.suffix == ".txt" and path.is_file():
-        from .pretraining.tokenizer import check_bert_vocabulary
+        from .pretraining.tokenizer import load_pretraining_tokenizer
 
-        if path.stat().st_size == 0:
-            raise RunError(f"{path}: the vocabulary file is empty; expected one token per line")
-        tok = wordpiece_tokenizer(path)
-        try:  # a token missing from a bare vocab.txt would be appended past the model's embeddings
-            check_bert_vocabulary(tok, str(path))
+        try:  # checks the special tokens: a missing one would be appended past the model's embeddings
+            return load_pretraining_tokenizer(str(path))
         except ValueError as err:
             raise RunError(str(err)) from None
-        return tok
     try:
         return AutoTokenizer.from_pretrained(source)
     except (OSError, ValueError) as err:
