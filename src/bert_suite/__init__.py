@@ -9,6 +9,7 @@ from transformers import (
     AutoModel,
     AutoModelForMaskedLM,
     AutoModelForMultipleChoice,
+    AutoModelForNextSentencePrediction,
     AutoModelForPreTraining,
     AutoModelForQuestionAnswering,
     AutoModelForSequenceClassification,
@@ -19,12 +20,14 @@ from .configuration_bert_suite import PRESETS, BertSuiteConfig, BertSuiteConfigE
 from .modeling_bert_suite import (
     BertSuiteForMaskedLM,
     BertSuiteForMultipleChoice,
+    BertSuiteForNextSentencePrediction,
     BertSuiteForPreTraining,
     BertSuiteForQuestionAnswering,
     BertSuiteForSequenceClassification,
     BertSuiteForTokenClassification,
     BertSuiteModel,
     BertSuitePreTrainedModel,
+    CheckpointMismatchError,
 )
 
 __version__ = "0.1.0"
@@ -36,6 +39,7 @@ AUTO_CLASSES = {
     AutoModelForSequenceClassification: BertSuiteForSequenceClassification,
     AutoModelForQuestionAnswering: BertSuiteForQuestionAnswering,
     AutoModelForMultipleChoice: BertSuiteForMultipleChoice,
+    AutoModelForNextSentencePrediction: BertSuiteForNextSentencePrediction,
     AutoModelForTokenClassification: BertSuiteForTokenClassification,
 }
 
@@ -50,10 +54,12 @@ __all__ = [
     "BertSuiteConfigError",
     "BertSuiteForMaskedLM",
     "BertSuiteForMultipleChoice",
+    "BertSuiteForNextSentencePrediction",
     "BertSuiteForPreTraining",
     "BertSuiteForQuestionAnswering",
     "BertSuiteForSequenceClassification",
     "BertSuiteForTokenClassification",
     "BertSuiteModel",
     "BertSuitePreTrainedModel",
+    "CheckpointMismatchError",
 ]

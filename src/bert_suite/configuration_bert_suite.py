@@ -7,6 +7,9 @@ copy of it for `trust_remote_code=True` loading where bert_suite is not installe
 
 from __future__ import annotations
 
+import difflib
+from functools import cache
+
 from huggingface_hub.dataclasses import strict
 from transformers import PreTrainedConfig
 
@@ -20,31 +23,26 @@ PRESETS: dict[str, dict[str, int]] = {
     "large": {"num_hidden_layers": 24, "hidden_size": 1024, "num_attention_heads": 16},
 }
 
-# Keys that stock BERT config files carry and that have no effect on this architecture.
-_INERT_KEYS = frozenset(
+# Keys of stock `transformers.BertConfig` that are not fields here; a stock config.json carries them.
+# With the PreTrainedConfig fields and ours, they are what a near-miss (typo) is checked against.
+_STOCK_BERT_KEYS = frozenset(
     {
-        "_name_or_path", "gradient_checkpointing", "use_cache", "output_past", "directionality",
-        "pooler_fc_size", "pooler_num_attention_heads", "pooler_num_fc_layers",
-        "pooler_size_per_head", "pooler_type", "tokenizer_class", "finetuning_task",
-        "task_specific_params", "bos_token_id", "eos_token_id", "sep_token_id", "prefix",
-        "torchscript", "use_bfloat16", "tf_legacy_loss", "pruned_heads", "tie_encoder_decoder",
-        "cross_attention_hidden_size", "decoder_start_token_id", "model_type",
-        "return_dict_in_generate", "output_scores", "_commit_hash", "transformers_version",
+        "use_cache", "is_decoder", "add_cross_attention", "bos_token_id", "eos_token_id",
+        "position_embedding_type", "gradient_checkpointing", "tokenizer_class", "finetuning_task",
+        "task_specific_params", "sep_token_id", "decoder_start_token_id", "torchscript",
+        "pruned_heads", "num_labels", "output_attentions", "attn_implementation", "torch_dtype",
+        "name_or_path", "auto_map",
     }
 )
-# Keys the base class consumes itself (loading options and generation leftovers).
-_BASE_KWARGS = frozenset(
-    {
-        "name_or_path", "auto_map", "num_labels", "torch_dtype", "output_attentions", "attn_implementation",
-        "experts_implementation", "per_layer_config", "max_length", "min_length", "do_sample",
-        "early_stopping", "num_beams", "num_beam_groups", "diversity_penalty", "temperature",
-        "top_k", "top_p", "typical_p", "repetition_penalty", "length_penalty",
-        "no_repeat_ngram_size", "encoder_no_repeat_ngram_size", "bad_words_ids",
-        "num_return_sequences", "forced_bos_token_id", "forced_eos_token_id",
-        "remove_invalid_values", "exponential_decay_length_penalty", "suppress_tokens",
-        "begin_suppress_tokens",
-    }
-)
+# A key closer than this to a known key (difflib ratio) is taken for a typo of it: "hiden_size"
+# scores 0.95 against "hidden_size", while keys that tools add ("quantization_config") score < 0.7.
+_NEAR_MISS = 0.85
+
+
+@cache
+def _known_keys() -> tuple[str, ...]:
+    fields = set(BertSuiteConfig.__dataclass_fields__) | set(PreTrainedConfig.__dataclass_fields__)
+    return tuple(sorted(fields | _STOCK_BERT_KEYS))
 
 
 class BertSuiteConfigError(ValueError):
@@ -87,38 +85,51 @@ class BertSuiteConfig(PreTrainedConfig):
     tie_word_embeddings: bool = True
 
     def __post_init__(self, **kwargs):
-        where = kwargs.get("name_or_path") or kwargs.get("_name_or_path")
-        where = f"{where}/config.json" if where else "BertSuiteConfig"
-        # Stock BERT spells the left-to-right switch `is_decoder`; anything we cannot honour is an
-        # error rather than a silently different model.
+        # Stock BERT spells the left-to-right switch `is_decoder` (causal self-attention: the same
+        # computation as `causal_attention`); cross-attention would be a different model.
         if kwargs.pop("is_decoder", False):
             self.causal_attention = True
-        if kwargs.pop("add_cross_attention", False):
-            raise BertSuiteConfigError(f"{where}: add_cross_attention=True is not supported (encoder only)")
-        position_type = kwargs.pop("position_embedding_type", "absolute")
+        if kwargs.get("add_cross_attention"):
+            raise BertSuiteConfigError(
+                "add_cross_attention=True is not supported: bert_suite is encoder-only (the paper's BERT); "
+                "use transformers.BertLMHeadModel / EncoderDecoderModel for a decoder"
+            )
+        position_type = kwargs.get("position_embedding_type", "absolute")
         if position_type != "absolute":
             raise BertSuiteConfigError(
-                f"{where}: position_embedding_type={position_type!r} is not supported; expected 'absolute'"
+                f"position_embedding_type={position_type!r} is not supported; expected 'absolute'"
             )
-        for key in list(kwargs):
-            if key in _INERT_KEYS:
-                kwargs.pop(key)
-            elif key not in _BASE_KWARGS:
-                raise BertSuiteConfigError(
-                    f"{where}: unknown config key {key!r}; known keys: "
-                    + ", ".join(BertSuiteConfig.__annotations__)
-                    + " (and the common PreTrainedConfig keys)"
-                )
-        if self.hidden_size % self.num_attention_heads != 0:
-            raise BertSuiteConfigError(
-                f"{where}: hidden_size ({self.hidden_size}) is not divisible by num_attention_heads "
-                f"({self.num_attention_heads})"
-            )
+        kwargs.pop("model_type", None)  # a class attribute, not a per-instance value
+        # As any PreTrainedConfig, unknown keys are kept (saved and reloaded): tools add their own
+        # (quantization_config, architectures, ...). Only a near-miss of a known key is refused.
+        for key in kwargs:
+            if key not in _STOCK_BERT_KEYS and not key.startswith("_"):
+                match = difflib.get_close_matches(key, _known_keys(), n=1, cutoff=_NEAR_MISS)
+                if match:
+                    raise BertSuiteConfigError(f"unknown config key {key!r}; did you mean {match[0]!r}?")
         for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                      "intermediate_size", "max_position_embeddings", "type_vocab_size"):
             if getattr(self, name) <= 0:
-                raise BertSuiteConfigError(f"{where}: {name} must be positive, got {getattr(self, name)}")
+                raise BertSuiteConfigError(f"{name} must be positive, got {getattr(self, name)}")
         super().__post_init__(**kwargs)
+
+    @property
+    def is_decoder(self) -> bool:
+        """Stock BERT's name for causal (left-to-right) self-attention; here `causal_attention`."""
+        return self.causal_attention
+
+    @is_decoder.setter
+    def is_decoder(self, value: bool) -> None:
+        self.causal_attention = bool(value)
+
+    def check_heads(self) -> None:
+        """The model's own check (made when a model is built, as stock BERT does, so that a config
+        can still be edited field by field)."""
+        if self.hidden_size % self.num_attention_heads != 0:
+            raise BertSuiteConfigError(
+                f"hidden_size ({self.hidden_size}) is not divisible by num_attention_heads "
+                f"({self.num_attention_heads})"
+            )
 
     @classmethod
     def from_preset(cls, name: str, **overrides) -> BertSuiteConfig:
@@ -136,15 +147,17 @@ class BertSuiteConfig(PreTrainedConfig):
         """Load a bert_suite config, or a stock BERT one (model_type `bert`, or the original
         `bert_config.json` with no model_type), which describes the same architecture."""
         config_dict, kwargs = cls.get_config_dict(pretrained_model_name_or_path, **kwargs)
+        where = f"{pretrained_model_name_or_path}/config.json"
         model_type = config_dict.get("model_type", cls.model_type)
         if model_type not in ("bert", cls.model_type):
             raise BertSuiteConfigError(
-                f"{pretrained_model_name_or_path}/config.json: model_type {model_type!r} is not a BERT "
-                f"checkpoint; expected 'bert' or '{cls.model_type}'"
+                f"{where}: model_type {model_type!r} is not a BERT checkpoint; expected 'bert' or '{cls.model_type}'"
             )
         config_dict["model_type"] = cls.model_type
-        kwargs.setdefault("name_or_path", str(pretrained_model_name_or_path))
-        return cls.from_dict(config_dict, **kwargs)
+        try:
+            return cls.from_dict(config_dict, **kwargs)
+        except BertSuiteConfigError as err:
+            raise BertSuiteConfigError(f"{where}: {err}") from None
 
     def to_bert_dict(self) -> dict:
         """The same architecture as a stock `transformers.BertConfig` dictionary (model_type bert)."""

@@ -16,6 +16,7 @@ STOCK_CLASSES = {
     "BertSuiteModel": "BertModel",
     "BertSuiteForPreTraining": "BertForPreTraining",
     "BertSuiteForMaskedLM": "BertForMaskedLM",
+    "BertSuiteForNextSentencePrediction": "BertForNextSentencePrediction",
     "BertSuiteForSequenceClassification": "BertForSequenceClassification",
     "BertSuiteForQuestionAnswering": "BertForQuestionAnswering",
     "BertSuiteForMultipleChoice": "BertForMultipleChoice",

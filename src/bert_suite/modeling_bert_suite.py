@@ -26,13 +26,14 @@ from transformers.modeling_outputs import (
     BaseModelOutputWithPoolingAndCrossAttentions,
     MaskedLMOutput,
     MultipleChoiceModelOutput,
+    NextSentencePredictorOutput,
     QuestionAnsweringModelOutput,
     SequenceClassifierOutput,
     TokenClassifierOutput,
 )
 from transformers.models.bert.modeling_bert import BertForPreTrainingOutput
 
-from .configuration_bert_suite import BertSuiteConfig
+from .configuration_bert_suite import BertSuiteConfig, BertSuiteConfigError
 
 # ---------------------------------------------------------------------------------------------
 # Embeddings
@@ -104,6 +105,12 @@ class _Padded(torch.autograd.Function):
 UNPAD_MIN_PADDING = 0.1
 
 
+def _tracing() -> bool:
+    """Under torch.compile or torch.export: no decision may read tensor values (a host sync and a
+    graph break), so the mask is always applied as a bias and the padded path is taken."""
+    return torch.compiler.is_compiling() or torch.compiler.is_exporting()
+
+
 class Unpadded(NamedTuple):
     """Where the real tokens of a padded (batch, seq_len) batch are: their flat row indices. The
     dense layers run on the (tokens, width) rows; attention scatters them back into the padded
@@ -164,6 +171,7 @@ class BertSuiteSelfAttention(nn.Module):
         self.key = nn.Linear(config.hidden_size, config.hidden_size)
         self.value = nn.Linear(config.hidden_size, config.hidden_size)
         self.dropout_p = config.attention_probs_dropout_prob
+        self.config = config  # read at call time: `model.set_attn_implementation` may change it
 
     def forward(self, hidden_states, bias, output_attentions=False, layout: Unpadded | None = None):
         if layout is None:
@@ -177,7 +185,8 @@ class BertSuiteSelfAttention(nn.Module):
         )
         dropout_p = self.dropout_p if self.training else 0.0
         probs = None
-        if output_attentions:  # SDPA does not expose the probabilities; compute them explicitly
+        # "eager", or probabilities asked for (SDPA does not expose them): softmax(QK^T/sqrt(d) + bias) V
+        if output_attentions or self.config._attn_implementation == "eager":
             scores = q @ k.transpose(-1, -2) / self.head_dim**0.5
             probs = (scores if bias is None else scores + bias).softmax(-1)
             context = F.dropout(probs, dropout_p, self.training) @ v
@@ -297,6 +306,12 @@ class BertSuiteMLMHead(nn.Module):
         self.predictions = BertSuiteLMPredictionHead(config)
 
 
+class BertSuiteNSPHead(nn.Module):
+    def __init__(self, config: BertSuiteConfig):
+        super().__init__()
+        self.seq_relationship = nn.Linear(config.hidden_size, 2)
+
+
 class BertSuitePreTrainingHeads(BertSuiteMLMHead):
     def __init__(self, config: BertSuiteConfig):
         super().__init__(config)
@@ -329,6 +344,7 @@ _AUTO_MAP = {
     "AutoModel": "modeling_bert_suite.BertSuiteModel",
     "AutoModelForPreTraining": "modeling_bert_suite.BertSuiteForPreTraining",
     "AutoModelForMaskedLM": "modeling_bert_suite.BertSuiteForMaskedLM",
+    "AutoModelForNextSentencePrediction": "modeling_bert_suite.BertSuiteForNextSentencePrediction",
     "AutoModelForSequenceClassification": "modeling_bert_suite.BertSuiteForSequenceClassification",
     "AutoModelForQuestionAnswering": "modeling_bert_suite.BertSuiteForQuestionAnswering",
     "AutoModelForMultipleChoice": "modeling_bert_suite.BertSuiteForMultipleChoice",
@@ -336,12 +352,17 @@ _AUTO_MAP = {
 }
 
 
-def _describe_mismatch(cls, folder: str) -> str:
-    """Name the weight file, the tensor and the two shapes when a checkpoint does not fit its config
-    (transformers only says that some sizes differ)."""
+class CheckpointMismatchError(BertSuiteConfigError, RuntimeError):
+    """Checkpoint tensors whose shapes do not fit the model. A RuntimeError as stock transformers
+    raises, and a ValueError like every bad-input error of bert_suite."""
+
+
+def _describe_mismatch(cls, folder: str, kwargs: dict) -> str:
+    """Name the weight file, each tensor and both shapes, as stock does in its load report, in one
+    message (transformers' exception itself only points at a logged table)."""
     from safetensors import safe_open
 
-    config = cls.config_class.from_pretrained(folder)
+    config, _ = cls.config_class.from_pretrained(folder, return_unused_kwargs=True, **kwargs)
     with torch.device("meta"):
         expected = {k: tuple(v.shape) for k, v in cls(config).state_dict().items()}
     problems = []
@@ -357,11 +378,13 @@ def _describe_mismatch(cls, folder: str) -> str:
         for key, shape in found.items():
             for candidate in (key, f"bert.{key}", key.removeprefix("bert.")):
                 if candidate in expected and expected[candidate] != shape:
-                    problems.append(f"{name}: {key} has shape {shape}, config.json implies {expected[candidate]}")
+                    problems.append(f"{name}: {key} has shape {shape}, the model expects {expected[candidate]}")
                     break
     detail = "; ".join(problems[:3]) + (f" (and {len(problems) - 3} more)" if len(problems) > 3 else "")
-    return f"{folder}: the weights do not fit config.json (hidden_size={config.hidden_size}, " \
-           f"vocab_size={config.vocab_size}, layers={config.num_hidden_layers}): {detail}"
+    return (f"{folder}: checkpoint tensors do not fit the model built from config.json (hidden_size="
+            f"{config.hidden_size}, vocab_size={config.vocab_size}, num_labels={config.num_labels}): {detail}. "
+            "Pass ignore_mismatched_sizes=True to initialise them anew (e.g. a new head for another "
+            "num_labels), or fix config.json")
 
 
 class BertSuitePreTrainedModel(PreTrainedModel):
@@ -370,6 +393,14 @@ class BertSuitePreTrainedModel(PreTrainedModel):
     supports_gradient_checkpointing = True
     _supports_sdpa = True
     _no_split_modules = ["BertSuiteEmbeddings", "BertSuiteLayer"]
+
+    def __init__(self, config: BertSuiteConfig, *inputs, **kwargs):
+        try:
+            config.check_heads()
+        except BertSuiteConfigError as err:
+            where = f"{config.name_or_path}/config.json: " if config.name_or_path else ""
+            raise BertSuiteConfigError(f"{where}{err}") from None
+        super().__init__(config, *inputs, **kwargs)
 
     @torch.no_grad()
     def _init_weights(self, module):
@@ -389,7 +420,7 @@ class BertSuitePreTrainedModel(PreTrainedModel):
         except RuntimeError as err:
             if "mismatched" not in str(err) or not os.path.isdir(pretrained_model_name_or_path):
                 raise
-            raise ValueError(_describe_mismatch(cls, str(pretrained_model_name_or_path))) from None
+            raise CheckpointMismatchError(_describe_mismatch(cls, str(pretrained_model_name_or_path), kwargs)) from None
 
     def save_pretrained(self, save_directory, *args, **kwargs):
         """Write safetensors weights plus this file and the config's, with an `auto_map`, so the
@@ -413,11 +444,14 @@ class BertSuitePreTrainedModel(PreTrainedModel):
             inputs_embeds=inputs_embeds,
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
+            return_dict=True,
         )
 
-    @staticmethod
-    def _finish(out, return_dict):
-        return out if return_dict is not False else out.to_tuple()
+    def _finish(self, out, return_dict):
+        """The output dataclass, or its non-None fields as a tuple in stock order when
+        `return_dict` (default `config.return_dict`) is False."""
+        return_dict = self.config.return_dict if return_dict is None else return_dict
+        return out if return_dict else out.to_tuple()
 
 
 class BertSuiteModel(BertSuitePreTrainedModel):
@@ -447,9 +481,15 @@ class BertSuiteModel(BertSuitePreTrainedModel):
         output_hidden_states=None,
         return_dict=None,
         unpad=None,
+        encoder_hidden_states=None,
+        encoder_attention_mask=None,
+        past_key_values=None,
+        use_cache=None,
     ):
         """`unpad` (default `config.unpad_inputs`): see `BertSuiteConfig`; it applies to padded
-        batches with a (batch, seq) attention mask, and not when attentions are returned."""
+        batches with a (batch, seq) attention mask, not when attentions are returned and not under
+        torch.compile / torch.export (no decision there may read the mask's values)."""
+        _refuse_decoder_inputs(encoder_hidden_states, encoder_attention_mask, past_key_values, use_cache)
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("pass exactly one of input_ids or inputs_embeds")
         output_attentions = self.config.output_attentions if output_attentions is None else output_attentions
@@ -462,11 +502,12 @@ class BertSuiteModel(BertSuitePreTrainedModel):
                 f"sequence length {seq_len} exceeds max_position_embeddings "
                 f"({self.config.max_position_embeddings}); truncate the input"
             )
-        if attention_mask is not None and attention_mask.dim() == 2 and bool(attention_mask.all()):
+        tracing = _tracing()
+        if not tracing and attention_mask is not None and attention_mask.dim() == 2 and bool(attention_mask.all()):
             attention_mask = None  # nothing to mask: no bias, so SDPA adds no (batch, heads, q, k) term
         unpad = self.config.unpad_inputs if unpad is None else unpad
         layout = None
-        if unpad and not output_attentions and attention_mask is not None and attention_mask.dim() == 2:
+        if unpad and not tracing and not output_attentions and attention_mask is not None and attention_mask.dim() == 2:
             layout = Unpadded.from_mask(attention_mask)
         if layout is None:
             hidden = self.embeddings(input_ids, token_type_ids, position_ids, inputs_embeds)
@@ -491,6 +532,18 @@ class BertSuiteModel(BertSuitePreTrainedModel):
             attentions=all_probs,
         )
         return self._finish(out, return_dict)
+
+
+def _refuse_decoder_inputs(encoder_hidden_states, encoder_attention_mask, past_key_values, use_cache):
+    """Stock BERT's decoder inputs: a clear error rather than a TypeError or a silently ignored value."""
+    given = [name for name, value in (("encoder_hidden_states", encoder_hidden_states),
+                                      ("encoder_attention_mask", encoder_attention_mask),
+                                      ("past_key_values", past_key_values)) if value is not None]
+    if use_cache:
+        given.append("use_cache=True")
+    if given:
+        raise ValueError(f"{', '.join(given)}: bert_suite models are encoders only (the paper's BERT): no "
+                         "cross-attention and no key/value cache; use transformers.BertLMHeadModel for a decoder")
 
 
 class _BertSuiteWithLMHead(BertSuitePreTrainedModel):
@@ -575,6 +628,37 @@ class BertSuiteForMaskedLM(_BertSuiteWithLMHead):
         logits, loss = masked_lm_logits_and_loss(self.cls.predictions, enc.last_hidden_state, labels,
                                                  masked_positions_only)
         out = MaskedLMOutput(loss=loss, logits=logits, hidden_states=enc.hidden_states, attentions=enc.attentions)
+        return self._finish(out, return_dict)
+
+
+class BertSuiteForNextSentencePrediction(BertSuitePreTrainedModel):
+    """The NSP head alone: is segment B the continuation of segment A? Logits (IsNext, NotNext);
+    `labels` 0 = IsNext, 1 = NotNext (Section 3.1, "Task #2")."""
+
+    def __init__(self, config: BertSuiteConfig):
+        super().__init__(config)
+        self.bert = BertSuiteModel(config)
+        self.cls = BertSuiteNSPHead(config)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        token_type_ids=None,
+        position_ids=None,
+        inputs_embeds=None,
+        labels=None,
+        output_attentions=None,
+        output_hidden_states=None,
+        return_dict=None,
+    ):
+        enc = self._encode(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
+                           output_attentions, output_hidden_states)
+        logits = self.cls.seq_relationship(enc.pooler_output)
+        loss = F.cross_entropy(logits.view(-1, 2), labels.view(-1)) if labels is not None else None
+        out = NextSentencePredictorOutput(loss=loss, logits=logits, hidden_states=enc.hidden_states,
+                                          attentions=enc.attentions)
         return self._finish(out, return_dict)
 
 
@@ -740,10 +824,12 @@ class BertSuiteForQuestionAnswering(BertSuitePreTrainedModel):
 __all__ = [
     "BertSuiteForMaskedLM",
     "BertSuiteForMultipleChoice",
+    "BertSuiteForNextSentencePrediction",
     "BertSuiteForPreTraining",
     "BertSuiteForQuestionAnswering",
     "BertSuiteForSequenceClassification",
     "BertSuiteForTokenClassification",
     "BertSuiteModel",
     "BertSuitePreTrainedModel",
+    "CheckpointMismatchError",
 ]
