@@ -360,6 +360,8 @@ def test_config_with_a_near_miss_key_names_file_key_and_the_known_one(tmp_path):
         AutoConfig.from_pretrained(write_config(tmp_path / "ours", model_type="bert_suite", num_atention_heads=3))
     with pytest.raises(BertSuiteConfigError, match="did you mean 'intermediate_size'"):
         BertSuiteConfig(intermediate_sise=64)
+    # another architecture's spelling that tools set on any config (GPT-2's) is a key, not a typo
+    assert BertSuiteConfig(layer_norm_epsilon=1.0).layer_norm_epsilon == 1.0
 
 
 def test_unknown_config_keys_round_trip_as_in_any_pretrained_config(tmp_path):

@@ -45,6 +45,23 @@ def _known_keys() -> tuple[str, ...]:
     return tuple(sorted(fields | _STOCK_BERT_KEYS))
 
 
+@cache
+def _transformers_config_names() -> frozenset[str]:
+    """Every field name of transformers' own configs (read from their source, about 0.1 s, only when
+    a key looks like a typo): `layer_norm_epsilon` is GPT-2's spelling and tools set it on any config,
+    so it must not be refused as a near-miss of `layer_norm_eps`."""
+    import re
+    from pathlib import Path
+
+    import transformers
+
+    field = re.compile(r"^\s+(?:self\.)?([a-z_][a-z0-9_]*)\s*(?::[^=\n]+)?=", re.M)
+    names: set[str] = set()
+    for path in (Path(transformers.__file__).parent / "models").glob("*/configuration_*.py"):
+        names.update(field.findall(path.read_text(encoding="utf-8")))
+    return frozenset(names)
+
+
 class BertSuiteConfigError(ValueError):
     """A config that cannot describe a BertSuite model; the message names the file and the key."""
 
@@ -105,7 +122,7 @@ class BertSuiteConfig(PreTrainedConfig):
         for key in kwargs:
             if key not in _STOCK_BERT_KEYS and not key.startswith("_"):
                 match = difflib.get_close_matches(key, _known_keys(), n=1, cutoff=_NEAR_MISS)
-                if match:
+                if match and key not in _transformers_config_names():
                     raise BertSuiteConfigError(f"unknown config key {key!r}; did you mean {match[0]!r}?")
         for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                      "intermediate_size", "max_position_embeddings", "type_vocab_size"):

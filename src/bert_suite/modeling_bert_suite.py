@@ -105,6 +105,10 @@ class _Padded(torch.autograd.Function):
 UNPAD_MIN_PADDING = 0.1
 
 
+# "sdpa": torch's scaled_dot_product_attention (the default); "eager": the explicit softmax(QK^T)V.
+ATTN_IMPLEMENTATIONS = ("sdpa", "eager")
+
+
 def _tracing() -> bool:
     """Under torch.compile or torch.export: no decision may read tensor values (a host sync and a
     graph break), so the mask is always applied as a bias and the padded path is taken."""
@@ -392,6 +396,9 @@ class BertSuitePreTrainedModel(PreTrainedModel):
     base_model_prefix = "bert"
     supports_gradient_checkpointing = True
     _supports_sdpa = True
+    # The attention reads config._attn_implementation at every call, so set_attn_implementation()
+    # takes effect at once (transformers' own check looks for its attention-function registry).
+    _can_set_attn_implementation_cached_value = True
     _no_split_modules = ["BertSuiteEmbeddings", "BertSuiteLayer"]
 
     def __init__(self, config: BertSuiteConfig, *inputs, **kwargs):
@@ -400,6 +407,10 @@ class BertSuitePreTrainedModel(PreTrainedModel):
         except BertSuiteConfigError as err:
             where = f"{config.name_or_path}/config.json: " if config.name_or_path else ""
             raise BertSuiteConfigError(f"{where}{err}") from None
+        requested = config._attn_implementation
+        if requested is not None and requested not in ATTN_IMPLEMENTATIONS:
+            raise BertSuiteConfigError(f"attn_implementation={requested!r} is not supported by bert_suite; "
+                                       f"expected one of: {', '.join(ATTN_IMPLEMENTATIONS)}")
         super().__init__(config, *inputs, **kwargs)
 
     @torch.no_grad()
