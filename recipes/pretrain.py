@@ -210,6 +210,8 @@ def main(argv=None):
                                   eps=cfg.adam_epsilon, fused=accelerator.device.type in ("cpu", "cuda"))
     # One schedule over both phases; not passed to prepare(), which would step it once per process.
     scheduler = get_linear_schedule_with_warmup(optimizer, cfg.warmup_steps, cfg.max_steps)
+    if cfg.torch_compile:  # in place, so parameter names (checkpoints) stay those of the eager model;
+        model.bert.compile(backend=cfg.torch_compile_backend)  # the heads stay eager: masked_positions_only gathers a data-dependent count
     model, optimizer = accelerator.prepare(model, optimizer)
 
     step = 0

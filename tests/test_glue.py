@@ -44,7 +44,7 @@ def run_args(data: Path, out: Path, *extra: str) -> list[str]:
             "--output_dir", str(out), "--disable_tqdm", "true", *extra]
 
 
-def test_finetune_learns_a_pair_task_and_writes_its_outputs(tmp_path):
+def test_finetune_learns_a_pair_task_and_writes_its_outputs(tmp_path, capsys):
     data = write_rte_like(tmp_path / "data")
     out = tmp_path / "run"
     assert cli_main(["finetune", "rte", *run_args(data, out, "--learning_rate", "1e-3", "--num_train_epochs", "3",
@@ -65,6 +65,35 @@ def test_finetune_learns_a_pair_task_and_writes_its_outputs(tmp_path):
     assert cli_main(["predict", "rte", "--model", str(out), "--split", "test", "--data_dir", str(data)]) == 0
     test_rows = (out / "predictions" / "test.tsv").read_text().splitlines()
     assert len(test_rows) == 51 and test_rows[1].startswith("0\t")
+    check_predict_uses_the_checkpoints_id2label(out, data, test_rows, capsys)
+
+
+def check_predict_uses_the_checkpoints_id2label(out: Path, data: Path, test_rows: list[str], capsys) -> None:
+    """Labels are named by the checkpoint's id2label: the same names in another order (classifier rows
+    swapped with them) give the same predictions; other names are one clear error."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    swapped = out.parent / "swapped"
+    shutil.copytree(out, swapped)
+    config = json.loads((swapped / "config.json").read_text())
+    config["id2label"] = {"0": config["id2label"]["1"], "1": config["id2label"]["0"]}
+    config["label2id"] = {v: int(k) for k, v in config["id2label"].items()}
+    (swapped / "config.json").write_text(json.dumps(config))
+    weights = load_file(swapped / "model.safetensors")
+    for key in ("classifier.weight", "classifier.bias"):
+        weights[key] = weights[key].flip(0).contiguous()
+    save_file(weights, swapped / "model.safetensors", metadata={"format": "pt"})
+    assert cli_main(["predict", "rte", "--model", str(swapped), "--split", "test", "--data_dir", str(data)]) == 0
+    assert (swapped / "predictions" / "test.tsv").read_text().splitlines() == test_rows
+    config["id2label"] = {"0": "yes", "1": "no"}
+    (swapped / "config.json").write_text(json.dumps(config))
+    capsys.readouterr()
+    assert cli_main(["predict", "rte", "--model", str(swapped), "--split", "test", "--data_dir", str(data)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "id2label ['yes', 'no'] does not match the labels of task card" in err[0]
+    assert "['entailment', 'not_entailment']" in err[0]
 
 
 def test_grid_resumes_only_missing_trials_and_records_failures(tmp_path, monkeypatch):

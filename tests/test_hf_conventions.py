@@ -201,3 +201,22 @@ def test_near_miss_in_a_checkpoint_is_one_cli_error(tmp_path, capsys):
     assert main(["export", "--to", "bert", str(tmp_path / "ckpt"), str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "ckpt/config.json: unknown config key 'hiden_size'; did you mean 'hidden_size'?" in err[0]
+
+
+def test_finetune_with_torch_compile_learns(tmp_path):
+    """`bert-suite finetune --torch_compile` (TrainingArguments' flag) compiles the model and still
+    learns the pair task; aot_eager keeps the test fast, inductor is the default for users."""
+    import json
+
+    from test_glue import run_args, write_rte_like
+
+    from bert_suite.cli import main
+
+    data = write_rte_like(tmp_path / "data", n_train=300, n_dev=100)
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    assert main(["finetune", "rte", *run_args(data, tmp_path / "run", "--learning_rate", "1e-3", "--num_train_epochs",
+                                               "3", "--per_device_train_batch_size", "16", "--torch_compile",
+                                               "--torch_compile_backend", "aot_eager")]) == 0
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= 1
+    assert json.loads((tmp_path / "run" / "all_results.json").read_text())["eval_accuracy"] > 0.85

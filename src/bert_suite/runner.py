@@ -348,6 +348,7 @@ def predict(card: TaskCard, model: str, split: str, data_dir: str | None, output
     saved = load_task_settings(model)
     # The card options and length the model was trained with, unless given now (e.g. --context).
     card = dataclasses.replace(card, options={**card.options, **saved.get("options", {}), **(options or {})})
+    card = labels_of_checkpoint(card, model)
     max_seq_length = max_seq_length or saved.get("max_seq_length")
     prepared = prepare(card, model, data_dir, tokenizer or model, max_seq_length, splits=[split])
     net = load_model(card, model, prepared.max_seq_length)
@@ -360,6 +361,22 @@ def predict(card: TaskCard, model: str, split: str, data_dir: str | None, output
     adapter.write_outputs(Path(output_dir) / "predictions", card, split, prepared.raw[split], data,
                           result.predictions, chosen)
     return adapter.output_path(Path(output_dir) / "predictions", card, split)
+
+
+def labels_of_checkpoint(card: TaskCard, model: str) -> TaskCard:
+    """The card with its labels in the order of the checkpoint's `id2label`, which is what the
+    model's outputs index: the same names in another order are mapped by name; other names are an
+    error naming both lists. A checkpoint without names (LABEL_0, LABEL_1, ...) keeps the card's."""
+    if not card.labels or not (Path(model) / "config.json").is_file():
+        return card
+    id2label = json.loads((Path(model) / "config.json").read_text(encoding="utf-8")).get("id2label") or {}
+    names = [str(id2label[k]) for k in sorted(id2label, key=int)]
+    if not names or all(n == f"LABEL_{i}" for i, n in enumerate(names)) or names == card.labels:
+        return card
+    if sorted(names) == sorted(card.labels):
+        return dataclasses.replace(card, labels=names)
+    raise RunError(f"{model}/config.json: id2label {names} does not match the labels of task card {card.path} "
+                   f"{card.labels}; expected the same label names (was the checkpoint fine-tuned on another task?)")
 
 
 def git_revision() -> str | None:

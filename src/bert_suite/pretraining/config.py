@@ -53,6 +53,8 @@ class PretrainConfig:
     gradient_accumulation_steps: int = 1
     max_grad_norm: float = 1.0
     mixed_precision: str = "no"  # no, fp16, bf16 (accelerate's names)
+    torch_compile: bool = False  # compile the encoder (torch.compile; the heads stay eager)
+    torch_compile_backend: str = "inductor"  # any torch.compile backend (aot_eager: trace only, no codegen)
     # --- bookkeeping
     output_dir: str = "runs/pretrain"
     seed: int = 42
