@@ -62,7 +62,7 @@ def parse(argv) -> argparse.Namespace:
     p.add_argument("--preset", default="mini")
     p.add_argument("--limit", type=int, help="first N train and first N dev examples only")
     p.add_argument("--repeats", type=int, default=3)
-    for flag in ("--quick", "--no-memory", "--profile"):
+    for flag in ("--quick", "--no-memory", "--profile", "--bf16"):
         p.add_argument(flag, action="store_true")
     p.add_argument("--out", default="finetune_speed", help="result name: runs/bench/NAME.json")
     p.add_argument("--memory-child", choices=SIDES, help=argparse.SUPPRESS)
@@ -112,7 +112,8 @@ def build(task, args, tmp, sides=SIDES) -> SimpleNamespace:
     collators = {"ours": runner.collator_for(runner.adapter_for(card), tok), "stock": transformers.default_data_collator}
     kinds = {"ours": (runner.SuiteTrainer, {}), "stock": (transformers.Trainer, {"train_sampling_strategy": "random"})}
     trainers = {s: kinds[s][0](model=models[s], data_collator=collators[s], processing_class=tok,
-                               args=runner.training_arguments(card, f"{tmp}/{task}-{s}", {**OVERRIDES, **kinds[s][1]}),
+                               args=runner.training_arguments(card, f"{tmp}/{task}-{s}",
+                                                              {**OVERRIDES, **kinds[s][1], "bf16": args.bf16}),
                                train_dataset=feats[s]["train"])
                 for s in sides}
     for trainer in trainers.values():

@@ -36,6 +36,8 @@ def parse_args(argv=None):
     p.add_argument("--peak_tflops", type=float, default=989.0, help="dense bf16 peak of the GPU")
     p.add_argument("--device", default="cuda")
     p.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16")
+    p.add_argument("--profile", action="store_true",
+                   help="profile one step of the fastest variant at the first length: categories and top kernels")
     p.add_argument("--out", default="gpu_pretrain_step")
     return p.parse_args(argv)
 
@@ -83,6 +85,18 @@ def variants(config, compile_mode: str, device):
     return result
 
 
+def top_kernels(run, device, count: int = 8) -> str:
+    """The kernels with the most device self time in one call of `run`, one per line."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        run()
+        common.sync(device)
+    events = sorted(prof.key_averages(), key=lambda e: -e.self_device_time_total)[:count]
+    total = sum(e.self_device_time_total for e in prof.key_averages()) or 1
+    return "\n".join(f"{100 * e.self_device_time_total / total:5.1f}%  {e.key[:110]}" for e in events)
+
+
 def main(argv=None) -> dict:
     args = parse_args(argv)
     import torch
@@ -94,7 +108,7 @@ def main(argv=None) -> dict:
     torch.backends.cuda.matmul.allow_tf32 = True
     config = BertSuiteConfig.from_preset(args.preset, vocab_size=30522)
     peak = args.peak_tflops * 1e12
-    rows = []
+    rows, profiles = [], {}
     for seq_len in args.seq_lens:
         batch = max(1, args.tokens // seq_len)
         batches = make_batches(config, seq_len, batch, args.steps, args.device)
@@ -116,11 +130,16 @@ def main(argv=None) -> dict:
             t = common.median(seconds[name])
             rows.append({"seq_len": seq_len, "batch": batch, "variant": name, "tokens_per_s": batch * seq_len * len(batches) / t,
                          "mfu": flops / t / peak, "peak_mib": memory.get(name, float("nan")), "seconds": seconds[name]})
+        if args.profile and seq_len == args.seq_lens[0]:
+            best = max((r for r in rows if r["seq_len"] == seq_len), key=lambda r: r["tokens_per_s"])["variant"]
+            profiles[best] = common.profile_breakdown(runs[best], args.device)
+            print(common.breakdown_table({best: profiles[best]}))
+            print(top_kernels(runs[best], args.device))
         del models, runs
     base = {(r["seq_len"]): r["tokens_per_s"] for r in rows if r["variant"] == "stock sdpa"}
     for r in rows:
         r["vs_stock_sdpa"] = r["tokens_per_s"] / base[r["seq_len"]] if r["seq_len"] in base else float("nan")
-    payload = {"machine": common.machine(), "settings": vars(args), "rows": rows}
+    payload = {"machine": common.machine(), "settings": vars(args), "rows": rows, "profiles": profiles}
     common.write_result(args.out, payload)
     print(json.dumps(payload["machine"]))
     print(common.table(rows, [("seq_len", "length"), ("batch", "batch"), ("variant", "variant"),

@@ -7,7 +7,6 @@ import torch
 import transformers
 from torch.export import Dim
 from transformers import AutoModelForNextSentencePrediction, BertConfig
-from test_modeling import HEADS, STOCK_CONFIG, TOL, VOCAB, inputs_for, labels_for, save_stock
 
 from bert_suite import (
     BertSuiteConfig,
@@ -16,6 +15,7 @@ from bert_suite import (
     BertSuiteForSequenceClassification,
     BertSuiteModel,
 )
+from test_modeling import HEADS, STOCK_CONFIG, TOL, VOCAB, inputs_for, labels_for, save_stock
 
 
 def tiny(name, **extra):
@@ -208,9 +208,8 @@ def test_finetune_with_torch_compile_learns(tmp_path):
     learns the pair task; aot_eager keeps the test fast, inductor is the default for users."""
     import json
 
-    from test_glue import run_args, write_rte_like
-
     from bert_suite.cli import main
+    from test_glue import run_args, write_rte_like
 
     data = write_rte_like(tmp_path / "data", n_train=300, n_dev=100)
     torch._dynamo.reset()
