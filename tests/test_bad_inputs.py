@@ -203,6 +203,20 @@ def model_copy(tmp: Path, env: Env, name: str, keep: tuple[str, ...] = ("config.
     return folder
 
 
+def three_outputs(tmp: Path, env: Env) -> Path:
+    """A copy of the tiny classifier with a 3-output head and no label names (LABEL_0..2)."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    folder = model_copy(tmp, env, "three", config=lambda c: c.update(
+        id2label={str(i): f"LABEL_{i}" for i in range(3)}, label2id={f"LABEL_{i}": i for i in range(3)}))
+    weights = load_file(folder / "model.safetensors")
+    weights["classifier.weight"] = torch.zeros(3, weights["classifier.weight"].shape[1])
+    weights["classifier.bias"] = torch.zeros(3)
+    save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
+    return folder
+
+
 def predict_rte(model: Callable[[Path, Env], Path], *extra: str, tokenizer: Callable | None = None) -> Callable:
     def make(tmp, env):
         tok = tokenizer(tmp, env) if tokenizer else env.vocab
@@ -546,7 +560,27 @@ CASES = [
     Case("model-config-mismatch", "model folder", "config.json whose hidden_size does not fit the weights",
          predict_rte(lambda tmp, env: model_copy(tmp, env, "mismatch", config=lambda c: c.update(
              hidden_size=64, intermediate_size=128)), "--max_seq_length", "32"),
-         r"mismatch", r"bert\.embeddings\.\S+ has shape \(32,\)", r"config\.json implies \(64,\)"),
+         r"mismatch", r"bert\.embeddings\.\S+ has shape \(32,\)", r"the model expects \(64,\)"),
+    Case("model-near-miss-key", "model folder", "config.json with a misspelt key (hiden_size)",
+         predict_rte(lambda tmp, env: model_copy(tmp, env, "typo", config=lambda c: c.update(hiden_size=c.pop("hidden_size"))),
+                     "--max_seq_length", "32"),
+         r"typo/config\.json", r"'hiden_size'", r"did you mean 'hidden_size'\?"),
+    Case("model-num-labels-mismatch", "model folder", "a 3-output classifier without label names for a 2-label task",
+         predict_rte(lambda tmp, env: three_outputs(tmp, env), "--max_seq_length", "32"),
+         r"three", r"classifier\.weight has shape \(3, 32\), the model expects \(2, 32\)",
+         r"ignore_mismatched_sizes=True"),
+    Case("model-attn-implementation", "model folder", "config.json asking for an attention implementation we lack",
+         predict_rte(lambda tmp, env: model_copy(tmp, env, "flex", config=lambda c: c.update(
+             attn_implementation="flex_attention")), "--max_seq_length", "32"),
+         r"flex/config\.json", r"attn_implementation='flex_attention'", r"expected one of: sdpa, eager"),
+    Case("model-decoder-flag", "model folder", "config.json with add_cross_attention true (a decoder)",
+         predict_rte(lambda tmp, env: model_copy(tmp, env, "decoder", config=lambda c: c.update(
+             add_cross_attention=True)), "--max_seq_length", "32"),
+         r"decoder/config\.json", r"add_cross_attention=True", r"encoder-only"),
+    Case("model-id2label-disagrees", "model folder", "a checkpoint whose id2label names other labels than the card",
+         predict_rte(lambda tmp, env: model_copy(tmp, env, "labels", config=lambda c: c.update(
+             id2label={"0": "yes", "1": "no"}, label2id={"yes": 0, "no": 1})), "--max_seq_length", "32"),
+         r"labels/config\.json", r"id2label \['yes', 'no'\]", r"labels of task card .*\['entailment', 'not_entailment'\]"),
     Case("model-config-not-json", "model folder", "config.json that is not JSON",
          predict_rte(lambda tmp, env: model_copy(tmp, env, "bad_config", config_text="{hidden_size: 32"),
                      "--max_seq_length", "32"),

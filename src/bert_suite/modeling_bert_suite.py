@@ -385,8 +385,8 @@ def _describe_mismatch(cls, folder: str, kwargs: dict) -> str:
                     problems.append(f"{name}: {key} has shape {shape}, the model expects {expected[candidate]}")
                     break
     detail = "; ".join(problems[:3]) + (f" (and {len(problems) - 3} more)" if len(problems) > 3 else "")
-    return (f"{folder}: checkpoint tensors do not fit the model built from config.json (hidden_size="
-            f"{config.hidden_size}, vocab_size={config.vocab_size}, num_labels={config.num_labels}): {detail}. "
+    return (f"{folder}: checkpoint tensors do not fit the model that config.json and the load arguments describe "
+            f"(hidden_size={config.hidden_size}, vocab_size={config.vocab_size}, num_labels={config.num_labels}): {detail}. "
             "Pass ignore_mismatched_sizes=True to initialise them anew (e.g. a new head for another "
             "num_labels), or fix config.json")
 
@@ -402,14 +402,14 @@ class BertSuitePreTrainedModel(PreTrainedModel):
     _no_split_modules = ["BertSuiteEmbeddings", "BertSuiteLayer"]
 
     def __init__(self, config: BertSuiteConfig, *inputs, **kwargs):
+        where = f"{config.name_or_path}/config.json: " if config.name_or_path else ""
         try:
             config.check_heads()
         except BertSuiteConfigError as err:
-            where = f"{config.name_or_path}/config.json: " if config.name_or_path else ""
             raise BertSuiteConfigError(f"{where}{err}") from None
         requested = config._attn_implementation
         if requested is not None and requested not in ATTN_IMPLEMENTATIONS:
-            raise BertSuiteConfigError(f"attn_implementation={requested!r} is not supported by bert_suite; "
+            raise BertSuiteConfigError(f"{where}attn_implementation={requested!r} is not supported by bert_suite; "
                                        f"expected one of: {', '.join(ATTN_IMPLEMENTATIONS)}")
         super().__init__(config, *inputs, **kwargs)
 

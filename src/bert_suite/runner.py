@@ -369,7 +369,10 @@ def labels_of_checkpoint(card: TaskCard, model: str) -> TaskCard:
     error naming both lists. A checkpoint without names (LABEL_0, LABEL_1, ...) keeps the card's."""
     if not card.labels or not (Path(model) / "config.json").is_file():
         return card
-    id2label = json.loads((Path(model) / "config.json").read_text(encoding="utf-8")).get("id2label") or {}
+    try:
+        id2label = json.loads((Path(model) / "config.json").read_text(encoding="utf-8")).get("id2label") or {}
+    except (ValueError, AttributeError):  # not a JSON object: loading the model says so, naming the file
+        return card
     names = [str(id2label[k]) for k in sorted(id2label, key=int)]
     if not names or all(n == f"LABEL_{i}" for i, n in enumerate(names)) or names == card.labels:
         return card
