@@ -42,6 +42,8 @@ def parse_args(argv=None):
     p.add_argument("--steps", type=int, default=None, help="steps per timed repetition (default 5 tiny, 2 base; 20 on CUDA)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--quick", action="store_true", help="tiny only, 2 repetitions (a smoke run)")
+    p.add_argument("--backend", default="inductor", help="torch.compile backend (aot_eager: trace only, for tests)")
+    p.add_argument("--vocab_size", type=int, default=30522)
     p.add_argument("--out", default="compile_speed")
     return p.parse_args(argv)
 
@@ -69,7 +71,7 @@ def make_batches(job: str, vocab: int, batch: int, count: int, device, seed: int
     return out
 
 
-def build(job: str, preset: str, device):
+def build(job: str, preset: str, device, backend: str = "inductor", vocab_size: int = 30522):
     """name -> (model, forward kwargs)."""
     import torch
     import transformers
@@ -78,7 +80,7 @@ def build(job: str, preset: str, device):
     from bert_suite import BertSuiteConfig
 
     ours_name, stock_name = HEADS[job]
-    config = BertSuiteConfig.from_preset(preset, vocab_size=30522, num_labels=2)
+    config = BertSuiteConfig.from_preset(preset, vocab_size=vocab_size, num_labels=2)
     torch.manual_seed(0)
     reference = getattr(bert_suite, ours_name)(config)
     extra = {"masked_positions_only": True} if job == "pretrain" else {}
@@ -88,16 +90,16 @@ def build(job: str, preset: str, device):
         model.load_state_dict(reference.state_dict())
         if compiled:  # as the recipe (pre-training: the encoder in place) and Trainer (the whole model)
             if job == "pretrain":
-                model.bert.compile()
+                model.bert.compile(backend=backend)
             else:
-                model = torch.compile(model)
+                model = torch.compile(model, backend=backend)
         return model.to(device).train(), extra
 
     def stock(compiled: bool):
         model = getattr(transformers, stock_name)(transformers.BertConfig(**config.to_bert_dict(), attn_implementation="sdpa"))
         model.load_state_dict(reference.state_dict(), strict=False)
         model = model.to(device).train()
-        return (torch.compile(model) if compiled else model), {}
+        return (torch.compile(model, backend=backend) if compiled else model), {}
 
     return {"ours unpad": ours(True, False), "ours pad": ours(False, False), "ours + compile": ours(False, True),
             "stock": stock(False), "stock + compile": stock(True)}
@@ -148,12 +150,12 @@ def main(argv=None) -> dict:
         batch = args.batch or (64 if cuda else 32 if preset == "tiny" else 8)
         steps = args.steps or (20 if cuda else 5 if preset == "tiny" else 2)
         for job in args.jobs:
-            batches = make_batches(job, 30522, batch, steps, device)
+            batches = make_batches(job, args.vocab_size, batch, steps, device)
             autocast = torch.autocast("cuda", dtype=torch.bfloat16) if cuda else contextlib.nullcontext()
-            models = build(job, preset, device)
+            torch._dynamo.reset()  # once per job: a reset between variants would drop a compiled one's graphs
+            models = build(job, preset, device, args.backend, args.vocab_size)
             runs, warmup, kernels = {}, {}, {}
             for name, (model, extra) in models.items():
-                torch._dynamo.reset() if "compile" in name else None
                 runs[name] = stepper(model, batches, extra, autocast)
                 start = time.perf_counter()
                 stepper(model, batches[:1], extra, autocast)()  # compilation happens here

@@ -160,7 +160,7 @@ def evaluate(model, eval_data, collator, cfg, accelerator):
         batch = collator.pad(as_features(rows))
         batch = step_masks(collator, batch, cfg.seed, -1, 0, number, cfg.causal_attention)
         batch = {k: v.to(accelerator.device) for k, v in batch.items()}
-        add(totals, losses(model(**batch, masked_positions_only=True), batch))
+        add(totals, losses(model(**batch, masked_positions_only=True, return_dict=True), batch))
     model.train()
     return {f"eval_{k}": v for k, v in summarise(totals).items()}
 
@@ -250,7 +250,7 @@ def main(argv=None):
                                cfg.causal_attention)
             batch = {k: v.to(accelerator.device) for k, v in batch.items()}
             with accelerator.accumulate(model):
-                out_ = model(**batch, masked_positions_only=True)
+                out_ = model(**batch, masked_positions_only=True, return_dict=True)
                 accelerator.backward(out_.loss)
                 if accelerator.sync_gradients:
                     accelerator.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)

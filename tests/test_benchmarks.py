@@ -13,6 +13,8 @@ BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 sys.path.insert(0, str(BENCH))
 
 import common  # noqa: E402
+import compile_speed  # noqa: E402
+import gpu_correctness  # noqa: E402
 import gpu_pretrain_step  # noqa: E402
 import pretrain_step  # noqa: E402
 
@@ -83,3 +85,27 @@ def test_gpu_benchmark_skips_without_cuda(capsys, monkeypatch):
     with pytest.raises(SystemExit) as exit_info:
         gpu_pretrain_step.main([])
     assert exit_info.value.code == 0 and "no CUDA" in capsys.readouterr().out
+
+
+def test_gpu_correctness_skips_without_cuda(capsys, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit) as exit_info:
+        gpu_correctness.main([])
+    assert exit_info.value.code == 0 and "no CUDA" in capsys.readouterr().out
+
+
+def test_compile_benchmark_rows_on_cpu(tmp_path, monkeypatch):
+    """Every variant runs a pre-training step (the fine-tuning step is the same code with another
+    head); the compiled ones compile with aot_eager: the trace without inductor's code generation."""
+    monkeypatch.setattr(common, "RESULTS_DIR", tmp_path)
+    payload = compile_speed.main(["--presets", "tiny", "--device", "cpu", "--batch", "2", "--steps", "1",
+                                  "--repeats", "1", "--backend", "aot_eager", "--vocab_size", "1200",
+                                  "--jobs", "pretrain"])
+    rows = {(r["job"], r["variant"]): r for r in payload["rows"]}
+    variants = {"ours unpad", "ours pad", "ours + compile", "stock", "stock + compile"}
+    assert set(rows) == {("pretrain", v) for v in variants}
+    assert all(r["steps_per_s"] > 0 and r["attention"] for r in rows.values())
+    assert rows["pretrain", "stock"]["vs_stock_eager"] == pytest.approx(1.0)
+    assert (tmp_path / "compile_speed.json").is_file()

@@ -255,3 +255,28 @@ def test_a_changed_grid_in_the_same_folder_runs_as_its_own_study(tmp_path):
     with open(out / "grid_results.csv") as f:
         rows = list(csv.DictReader(f))
     assert sorted(r["learning_rate"] for r in rows) == ["0.0005", "0.001"] and {r["seed"] for r in rows} == {"1"}
+
+
+def test_labels_follow_the_checkpoint_by_name(tmp_path):
+    """Same names in another order: the card takes the checkpoint's order (predicting and
+    fine-tuning alike). Other names: an error when predicting; fine-tuning keeps the card's (a
+    checkpoint of another task starts a new one). No names (LABEL_i) or a preset: the card's."""
+    from bert_suite.runner import RunError, labels_of_checkpoint
+
+    card = load_card("rte")
+
+    def folder(names):
+        path = tmp_path / "_".join(names)
+        path.mkdir()
+        path.joinpath("config.json").write_text(json.dumps({"model_type": "bert", "id2label": dict(enumerate(names))}))
+        return str(path)
+
+    swapped = folder(["not_entailment", "entailment"])
+    assert labels_of_checkpoint(card, swapped, strict=True).labels == ["not_entailment", "entailment"]
+    assert labels_of_checkpoint(card, swapped, strict=False).labels == ["not_entailment", "entailment"]
+    other = folder(["yes", "no"])
+    with pytest.raises(RunError, match=r"id2label \['yes', 'no'\] does not match"):
+        labels_of_checkpoint(card, other, strict=True)
+    assert labels_of_checkpoint(card, other, strict=False).labels == card.labels
+    assert labels_of_checkpoint(card, folder(["LABEL_0", "LABEL_1"]), strict=True).labels == card.labels
+    assert labels_of_checkpoint(card, "preset:tiny", strict=True).labels == card.labels

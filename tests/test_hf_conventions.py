@@ -219,3 +219,30 @@ def test_finetune_with_torch_compile_learns(tmp_path):
                                                "--torch_compile_backend", "aot_eager")]) == 0
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= 1
     assert json.loads((tmp_path / "run" / "all_results.json").read_text())["eval_accuracy"] > 0.85
+
+
+def test_config_holds_what_transformers_config_tests_check(tmp_path):
+    """The checks of transformers' ConfigTester, written here: any field value at construction (the
+    model checks sizes), round trips through dict, JSON file and save_pretrained, num_labels and
+    id2label kept in step, common PretrainedConfig arguments kept."""
+    from bert_suite.configuration_bert_suite import BertSuiteConfig as C
+
+    assert C().hidden_size == 768 and C(hidden_size=0).hidden_size == 0  # no model built yet
+    config = C(vocab_size=99, hidden_size=37, num_attention_heads=4, num_labels=5, return_dict=False,
+               output_hidden_states=True, chunk_size_feed_forward=5, problem_type="regression",
+               architectures=["BertSuiteModel"], dtype="float16", tie_encoder_decoder=False)
+    assert len(config.id2label) == 5 and config.return_dict is False and config.chunk_size_feed_forward == 5
+    assert config.dtype == torch.float16 and config.tie_encoder_decoder is False
+    assert C.from_dict(config.to_dict()).to_dict() == config.to_dict()
+    config.to_json_file(tmp_path / "c.json")
+    assert C.from_json_file(tmp_path / "c.json").to_dict() == config.to_dict()
+    config.save_pretrained(tmp_path / "saved")
+    again = C.from_pretrained(tmp_path / "saved")
+    assert again.to_dict() == config.to_dict() and again.name_or_path == config.name_or_path
+    config.save_pretrained(tmp_path / "sub" / "folder")
+    assert C.from_pretrained(tmp_path / "sub", subfolder="folder").to_dict() == config.to_dict()
+    config.num_labels = 3
+    assert len(config.id2label) == 3 and len(config.label2id) == 3
+    assert C.from_pretrained(tmp_path / "saved", num_labels=2).num_labels == 2
+    with pytest.raises(BertSuiteConfigError, match="hidden_size must be positive"):
+        BertSuiteModel(C(hidden_size=0))

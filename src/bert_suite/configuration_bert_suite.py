@@ -31,8 +31,16 @@ _STOCK_BERT_KEYS = frozenset(
         "position_embedding_type", "gradient_checkpointing", "tokenizer_class", "finetuning_task",
         "task_specific_params", "sep_token_id", "decoder_start_token_id", "torchscript",
         "pruned_heads", "num_labels", "output_attentions", "attn_implementation", "torch_dtype",
-        "name_or_path", "auto_map",
+        "name_or_path", "auto_map", "tie_encoder_decoder", "cross_attention_hidden_size", "output_past",
+        "directionality", "pooler_fc_size", "pooler_num_attention_heads", "pooler_num_fc_layers",
+        "pooler_size_per_head", "pooler_type", "prefix", "use_bfloat16", "tf_legacy_loss",
+        "return_dict_in_generate", "output_scores",
     }
+)
+# Other architectures' spellings that transformers' tooling sets on any config (its tests make
+# every norm epsilon 1.0 this way): keys, not typos of ours, although close to `layer_norm_eps`.
+_OTHER_MODELS_KEYS = frozenset(
+    {"layer_norm_epsilon", "norm_eps", "norm_epsilon", "rms_norm_eps", "post_norm_eps", "batch_norm_eps"}
 )
 # A key closer than this to a known key (difflib ratio) is taken for a typo of it: "hiden_size"
 # scores 0.95 against "hidden_size", while keys that tools add ("quantization_config") score < 0.7.
@@ -43,23 +51,6 @@ _NEAR_MISS = 0.85
 def _known_keys() -> tuple[str, ...]:
     fields = set(BertSuiteConfig.__dataclass_fields__) | set(PreTrainedConfig.__dataclass_fields__)
     return tuple(sorted(fields | _STOCK_BERT_KEYS))
-
-
-@cache
-def _transformers_config_names() -> frozenset[str]:
-    """Every field name of transformers' own configs (read from their source, about 0.1 s, only when
-    a key looks like a typo): `layer_norm_epsilon` is GPT-2's spelling and tools set it on any config,
-    so it must not be refused as a near-miss of `layer_norm_eps`."""
-    import re
-    from pathlib import Path
-
-    import transformers
-
-    field = re.compile(r"^\s+(?:self\.)?([a-z_][a-z0-9_]*)\s*(?::[^=\n]+)?=", re.M)
-    names: set[str] = set()
-    for path in (Path(transformers.__file__).parent / "models").glob("*/configuration_*.py"):
-        names.update(field.findall(path.read_text(encoding="utf-8")))
-    return frozenset(names)
 
 
 class BertSuiteConfigError(ValueError):
@@ -120,14 +111,10 @@ class BertSuiteConfig(PreTrainedConfig):
         # As any PreTrainedConfig, unknown keys are kept (saved and reloaded): tools add their own
         # (quantization_config, architectures, ...). Only a near-miss of a known key is refused.
         for key in kwargs:
-            if key not in _STOCK_BERT_KEYS and not key.startswith("_"):
+            if key not in _STOCK_BERT_KEYS and key not in _OTHER_MODELS_KEYS and not key.startswith("_"):
                 match = difflib.get_close_matches(key, _known_keys(), n=1, cutoff=_NEAR_MISS)
-                if match and key not in _transformers_config_names():
+                if match:
                     raise BertSuiteConfigError(f"unknown config key {key!r}; did you mean {match[0]!r}?")
-        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-                     "intermediate_size", "max_position_embeddings", "type_vocab_size"):
-            if getattr(self, name) <= 0:
-                raise BertSuiteConfigError(f"{name} must be positive, got {getattr(self, name)}")
         super().__post_init__(**kwargs)
 
     @property
@@ -139,9 +126,13 @@ class BertSuiteConfig(PreTrainedConfig):
     def is_decoder(self, value: bool) -> None:
         self.causal_attention = bool(value)
 
-    def check_heads(self) -> None:
-        """The model's own check (made when a model is built, as stock BERT does, so that a config
-        can still be edited field by field)."""
+    def check_sizes(self) -> None:
+        """The model's own checks (made when a model is built, as stock BERT does, so that a config
+        can hold any values while it is edited field by field)."""
+        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                     "intermediate_size", "max_position_embeddings", "type_vocab_size"):
+            if getattr(self, name) <= 0:
+                raise BertSuiteConfigError(f"{name} must be positive, got {getattr(self, name)}")
         if self.hidden_size % self.num_attention_heads != 0:
             raise BertSuiteConfigError(
                 f"hidden_size ({self.hidden_size}) is not divisible by num_attention_heads "

@@ -130,7 +130,7 @@ def extract_features(model: str, input_path: str | Path, output_dir: str | Path,
             for start in tqdm(range(0, len(inputs), batch_size), desc="extracting features", unit="batch",
                               disable=disable_tqdm):
                 stop = min(start + batch_size, len(inputs))
-                hidden = net(**collate([inputs[i] for i in range(start, stop)]), output_hidden_states=True).hidden_states
+                hidden = net(**collate([inputs[i] for i in range(start, stop)]), output_hidden_states=True, return_dict=True).hidden_states
                 stack = torch.stack([hidden[i] for i in chosen], dim=2).numpy()  # [batch, tokens, layers, hidden]
                 for f in range(start, stop):
                     for k in range(bounds[f], bounds[f + 1]):

@@ -391,27 +391,37 @@ def _describe_mismatch(cls, folder: str, kwargs: dict) -> str:
             "num_labels), or fix config.json")
 
 
+def _check_attn_implementation(requested, where: str) -> None:
+    if requested is not None and requested not in ATTN_IMPLEMENTATIONS:
+        raise BertSuiteConfigError(f"{where}attn_implementation={requested!r} is not supported by bert_suite; "
+                                   f"expected one of: {', '.join(ATTN_IMPLEMENTATIONS)}")
+
+
 class BertSuitePreTrainedModel(PreTrainedModel):
     config_class = BertSuiteConfig
     base_model_prefix = "bert"
     supports_gradient_checkpointing = True
     _supports_sdpa = True
     # The attention reads config._attn_implementation at every call, so set_attn_implementation()
-    # takes effect at once (transformers' own check looks for its attention-function registry).
+    # takes effect at once. transformers (5.23) decides that by looking for its attention-function
+    # registry in the source and caches the answer in this private attribute; we give the answer.
     _can_set_attn_implementation_cached_value = True
     _no_split_modules = ["BertSuiteEmbeddings", "BertSuiteLayer"]
 
     def __init__(self, config: BertSuiteConfig, *inputs, **kwargs):
         where = f"{config.name_or_path}/config.json: " if config.name_or_path else ""
         try:
-            config.check_heads()
+            config.check_sizes()
         except BertSuiteConfigError as err:
             raise BertSuiteConfigError(f"{where}{err}") from None
-        requested = config._attn_implementation
-        if requested is not None and requested not in ATTN_IMPLEMENTATIONS:
-            raise BertSuiteConfigError(f"{where}attn_implementation={requested!r} is not supported by bert_suite; "
-                                       f"expected one of: {', '.join(ATTN_IMPLEMENTATIONS)}")
+        _check_attn_implementation(config._attn_implementation, where)
         super().__init__(config, *inputs, **kwargs)
+
+    def set_attn_implementation(self, attn_implementation, *args, **kwargs):
+        """As transformers' (it applies at the next call here), refusing what bert_suite lacks."""
+        requested = attn_implementation.get("", None) if isinstance(attn_implementation, dict) else attn_implementation
+        _check_attn_implementation(requested, "")
+        return super().set_attn_implementation(attn_implementation, *args, **kwargs)
 
     @torch.no_grad()
     def _init_weights(self, module):

@@ -216,8 +216,10 @@ def wordpiece_tokenizer(vocab_file: Path):
 
 def prepare(card: TaskCard, model: str, data_dir: str | None = None, tokenizer: str | None = None,
             max_seq_length: int | None = None, splits: list[str] | None = None,
-            skip_bad_rows: bool = False) -> Prepared:
-    """Load the card's splits (default: train + dev) and tokenise them once."""
+            skip_bad_rows: bool = False, predicting: bool = False) -> Prepared:
+    """Load the card's splits (default: train + dev) and tokenise them once, with the card's labels
+    in the order of the checkpoint's id2label (see `labels_of_checkpoint`)."""
+    card = labels_of_checkpoint(card, model, strict=predicting)
     tok = load_tokenizer(model, tokenizer)
     max_len = int(max_seq_length or card.defaults.get("max_seq_length", 128))
     if max_len < 8:
@@ -348,9 +350,8 @@ def predict(card: TaskCard, model: str, split: str, data_dir: str | None, output
     saved = load_task_settings(model)
     # The card options and length the model was trained with, unless given now (e.g. --context).
     card = dataclasses.replace(card, options={**card.options, **saved.get("options", {}), **(options or {})})
-    card = labels_of_checkpoint(card, model)
     max_seq_length = max_seq_length or saved.get("max_seq_length")
-    prepared = prepare(card, model, data_dir, tokenizer or model, max_seq_length, splits=[split])
+    prepared = prepare(card, model, data_dir, tokenizer or model, max_seq_length, splits=[split], predicting=True)
     net = load_model(card, model, prepared.max_seq_length)
     args = TrainingArguments(output_dir=output_dir, per_device_eval_batch_size=batch_size, report_to="none")
     trainer = SuiteTrainer(model=net, args=args, data_collator=collator_for(adapter, prepared.tokenizer))
@@ -363,21 +364,26 @@ def predict(card: TaskCard, model: str, split: str, data_dir: str | None, output
     return adapter.output_path(Path(output_dir) / "predictions", card, split)
 
 
-def labels_of_checkpoint(card: TaskCard, model: str) -> TaskCard:
+def labels_of_checkpoint(card: TaskCard, model: str, strict: bool) -> TaskCard:
     """The card with its labels in the order of the checkpoint's `id2label`, which is what the
-    model's outputs index: the same names in another order are mapped by name; other names are an
-    error naming both lists. A checkpoint without names (LABEL_0, LABEL_1, ...) keeps the card's."""
-    if not card.labels or not (Path(model) / "config.json").is_file():
+    model's outputs index: the same names in another order are mapped by name. Other names are an
+    error naming both lists when `strict` (predicting), and left to the card when fine-tuning (a
+    checkpoint of another task starts a new one). A checkpoint without names (LABEL_0, ...) or a
+    preset keeps the card's order."""
+    if not card.labels or model.startswith("preset:"):
         return card
-    try:
-        id2label = json.loads((Path(model) / "config.json").read_text(encoding="utf-8")).get("id2label") or {}
-    except (ValueError, AttributeError):  # not a JSON object: loading the model says so, naming the file
+    try:  # a local folder, or a Hub id's cached config; a model that cannot load fails later, clearly
+        config, _ = transformers.PretrainedConfig.get_config_dict(model)
+        id2label = config.get("id2label") or {}
+        names = [str(id2label[k]) for k in sorted(id2label, key=int)]
+    except (OSError, ValueError, AttributeError, TypeError):
         return card
-    names = [str(id2label[k]) for k in sorted(id2label, key=int)]
     if not names or all(n == f"LABEL_{i}" for i, n in enumerate(names)) or names == card.labels:
         return card
     if sorted(names) == sorted(card.labels):
         return dataclasses.replace(card, labels=names)
+    if not strict:
+        return card
     raise RunError(f"{model}/config.json: id2label {names} does not match the labels of task card {card.path} "
                    f"{card.labels}; expected the same label names (was the checkpoint fine-tuned on another task?)")
 
