@@ -132,6 +132,9 @@ def test_attn_implementation_eager_and_sdpa_are_both_honoured(monkeypatch):
         assert len(probs) == 2 and torch.allclose(probs[0].sum(-1), torch.ones(()), atol=1e-5)
         sdpa.set_attn_implementation("eager")  # switched at run time, as transformers models allow
         assert (sdpa(**inputs).last_hidden_state - want).abs().max() <= TOL
+        with pytest.raises(ValueError, match="'paged|eager' is not supported by bert_suite"):
+            sdpa.set_attn_implementation("paged|eager")  # transformers knows it, we do not: refused, kept
+        assert sdpa.config._attn_implementation == "eager"
 
 
 @pytest.mark.parametrize("value", ["flash_attention_2", "flex_attention", "no_such_kernel"])

@@ -418,10 +418,16 @@ class BertSuitePreTrainedModel(PreTrainedModel):
         super().__init__(config, *inputs, **kwargs)
 
     def set_attn_implementation(self, attn_implementation, *args, **kwargs):
-        """As transformers' (it applies at the next call here), refusing what bert_suite lacks."""
-        requested = attn_implementation.get("", None) if isinstance(attn_implementation, dict) else attn_implementation
-        _check_attn_implementation(requested, "")
-        return super().set_attn_implementation(attn_implementation, *args, **kwargs)
+        """As transformers' (it applies at the next call here). transformers refuses names it does not
+        know; what it knows and bert_suite lacks ("paged|eager", ...) is refused here, the old value kept."""
+        previous = self.config._attn_implementation
+        result = super().set_attn_implementation(attn_implementation, *args, **kwargs)
+        try:
+            _check_attn_implementation(self.config._attn_implementation, "")
+        except BertSuiteConfigError:
+            self.config._attn_implementation = previous
+            raise
+        return result
 
     @torch.no_grad()
     def _init_weights(self, module):
