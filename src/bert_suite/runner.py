@@ -352,6 +352,7 @@ def predict(card: TaskCard, model: str, split: str, data_dir: str | None, output
     card = dataclasses.replace(card, options={**card.options, **saved.get("options", {}), **(options or {})})
     max_seq_length = max_seq_length or saved.get("max_seq_length")
     prepared = prepare(card, model, data_dir, tokenizer or model, max_seq_length, splits=[split], predicting=True)
+    card = prepared.card  # its labels in the checkpoint's order
     net = load_model(card, model, prepared.max_seq_length)
     args = TrainingArguments(output_dir=output_dir, per_device_eval_batch_size=batch_size, report_to="none")
     trainer = SuiteTrainer(model=net, args=args, data_collator=collator_for(adapter, prepared.tokenizer))
