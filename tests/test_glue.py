@@ -144,6 +144,28 @@ def test_grid_resumes_only_missing_trials_and_records_failures(tmp_path, monkeyp
     assert "loss exploded" in (out2 / "grid_results.md").read_text()
 
 
+@pytest.mark.parametrize("flag, value, grid_flag", [("--learning_rate", "1e-5", "--learning_rates"),
+                                                     ("--per_device_train_batch_size", "8", "--batch_sizes"),
+                                                     ("--num_train_epochs", "2", "--epochs"), ("--seed", "3", "--seeds")])
+def test_grid_refuses_a_flag_its_axis_owns_before_touching_the_network(flag, value, grid_flag, tmp_path, capsys,
+                                                                        monkeypatch):
+    """The grid sets these for every trial, so the flag would be silently overwritten: a usage error
+    (exit 2) naming the grid flag, before any Hub probe (a Hub id as model would otherwise probe)."""
+    from bert_suite import hub
+
+    def no_network():
+        raise AssertionError("the Hub was probed before the flags were checked")
+
+    monkeypatch.setattr(hub, "offline_unless_reachable", no_network)
+    argv = ["grid", "rte", "--model", "google-bert/bert-base-uncased", "--output_dir", str(tmp_path), flag, value]
+    assert cli_main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{flag} (use {grid_flag})" in err[0]
+    # finetune too checks its flags first: a typo is reported without waiting on the Hub
+    assert cli_main(["finetune", "rte", "--model", "google-bert/bert-base-uncased", "--learning_rat", "1e-5"]) == 2
+    assert "did you mean --learning_rate" in capsys.readouterr().err
+
+
 def test_grid_rejects_empty_axis_and_negative_learning_rate(tmp_path, capsys):
     data = write_rte_like(tmp_path / "data", n_train=8, n_dev=8)
     assert cli_main(["grid", "rte", *run_args(data, tmp_path / "g"), "--learning_rates", "-0.00001"]) == 2

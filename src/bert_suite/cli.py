@@ -101,10 +101,10 @@ def _finetune(args: argparse.Namespace, rest: list[str]) -> None:
     from .runner import prepare, train_and_evaluate, training_arguments, write_manifest
 
     card = _load_card(args)
+    overrides = _training_overrides(rest)  # flags first: a typo must not wait on the network
     _check_push(args, card)
     _needs_hub(args.model, args.data_dir, args.tokenizer or args.model)
     output_dir = args.output_dir or f"runs/{card.name}"
-    overrides = _training_overrides(rest)
     training = training_arguments(card, output_dir, overrides)
     prepared = prepare(card, args.model, args.data_dir, args.tokenizer, args.max_seq_length,
                        skip_bad_rows=args.skip_bad_rows)
@@ -115,17 +115,26 @@ def _finetune(args: argparse.Namespace, rest: list[str]) -> None:
     print(json.dumps({k: v for k, v in result["metrics"].items() if k.startswith("eval_")}, indent=2))
 
 
+# TrainingArguments fields a grid axis owns -> the grid flag that sets them
+GRID_AXES = {"learning_rate": "--learning_rates", "per_device_train_batch_size": "--batch_sizes",
+             "num_train_epochs": "--epochs", "seed": "--seeds"}
+
+
 def _grid(args: argparse.Namespace, rest: list[str]) -> None:
     from .grid import run_grid, search_space
 
     card = _load_card(args)
+    overrides = _training_overrides(rest)  # flags first: a typo must not wait on the network
+    owned = [f"--{name} (use {flag})" for name, flag in GRID_AXES.items() if name in overrides]
+    if owned:  # the grid would overwrite it with its own values
+        raise ValueError(f"{', '.join(owned)}: the grid sets this for every trial; give its values with the grid flag")
     _check_push(args, card)
     _needs_hub(args.model, args.data_dir, args.tokenizer or args.model)
     output_dir = args.output_dir or f"runs/{card.name}-grid"
     space = search_space(card, args.grid, learning_rate=args.learning_rates,
                          per_device_train_batch_size=args.batch_sizes, num_train_epochs=args.epochs, seed=args.seeds)
     result = run_grid(card, args.model, output_dir, args.data_dir, args.tokenizer, args.max_seq_length, space,
-                      args.storage, args.keep_all, _training_overrides(rest))
+                      args.storage, args.keep_all, overrides)
     print(Path(result["files"]["grid_results.md"]).read_text() if "grid_results.md" in result["files"] else result)
     if args.push_to_hub and result["best"] is not None:
         _push(card, str(Path(output_dir) / "best"), args, result["best"]["metrics"], None, result)
@@ -400,6 +409,10 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--max_steps", type=int, help="pre-training steps (default: 700)")
     demo.set_defaults(func=_demo)
 
+    # No abbreviations: `grid --learning_rate X` would otherwise be read as --learning_rates, and an
+    # abbreviated TrainingArguments flag be taken for one of ours.
+    for command in (parser, *sub.choices.values()):
+        command.allow_abbrev = False
     return parser
 
 
