@@ -141,7 +141,7 @@ def max_rss_mib() -> float:
 
 def write_result(name: str, payload: dict) -> Path:
     """runs/bench/<name>.json, written atomically (temporary file, then rename)."""
-    from bert_suite.report import atomic_write_text
+    from bert_suite.io import atomic_write_text
 
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     return atomic_write_text(RESULTS_DIR / f"{name}.json", json.dumps(payload, indent=2, default=str) + "\n")

@@ -31,6 +31,7 @@ from tqdm.auto import tqdm
 from transformers import get_linear_schedule_with_warmup
 
 from bert_suite import BertSuiteConfig, BertSuiteForPreTraining
+from bert_suite.io import atomic_write_text
 from bert_suite.pretraining.checkpoints import (
     complete_checkpoints,
     load_checkpoint,
@@ -41,7 +42,6 @@ from bert_suite.pretraining.checkpoints import (
 from bert_suite.pretraining.config import load_pretrain_config
 from bert_suite.pretraining.masking import MaskingCollator
 from bert_suite.pretraining.tokenizer import load_pretraining_tokenizer
-from bert_suite.report import atomic_write_text
 
 COLUMNS = ("input_ids", "token_type_ids", "next_sentence_label")
 

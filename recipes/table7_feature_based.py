@@ -24,7 +24,7 @@ import datasets
 
 from bert_suite.cards import load_card
 from bert_suite.feature_based import TABLE7_PAPER_DEV_F1, TABLE7_ROWS, extract_features, train_tagger
-from bert_suite.report import atomic_write_text
+from bert_suite.io import atomic_write_text
 
 
 def main() -> int:

@@ -192,8 +192,8 @@ def test_trim_log_drops_later_steps_and_a_line_torn_by_a_crash(tmp_path):
 # Writes that are not results files: logs appended line by line, subprocess output, the temp file
 # of the atomic writer itself, and intermediate files of a build whose output is renamed at the end.
 NOT_RESULTS = {
-    ("src/bert_suite/report.py", "atomic_write_with", "fdopen:wb"): "the atomic writer's own temp file",
-    ("src/bert_suite/report.py", "save_figure", "savefig"): "into the atomic writer's temp file",
+    ("src/bert_suite/io.py", "atomic_write_with", "fdopen:wb"): "the atomic writer's own temp file",
+    ("src/bert_suite/io.py", "save_figure", "savefig"): "into the atomic writer's temp file",
     ("src/bert_suite/demo.py", "_run", "open:w"): "a step's console log, streamed while it runs",
     ("src/bert_suite/pretraining/corpus.py", "build_embedded_corpus", "open:w"): "streamed under a temporary "
                                                                             "name, renamed when complete",
@@ -207,7 +207,7 @@ NOT_RESULTS = {
 
 def test_every_results_file_is_written_atomically():
     """No plain write_text / write_bytes / open(..., 'w') / savefig / json.dump outside the atomic
-    writer (report.atomic_write_text, save_figure) and the listed log streams."""
+    writer (io.atomic_write_text, save_figure) and the listed log streams."""
     offenders = []
     for path in sorted([*(REPO / "src").rglob("*.py"), *(REPO / "recipes").glob("*.py")]):
         rel = path.relative_to(REPO).as_posix()

@@ -6,8 +6,9 @@ import os
 
 import pytest
 
-from bert_suite import report
-from bert_suite.report import atomic_write_text, select_best, write_grid_report
+from bert_suite import io as suite_io
+from bert_suite.io import atomic_write_text
+from bert_suite.report import select_best, write_grid_report
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 METRIC = "eval_accuracy"
@@ -125,7 +126,7 @@ def test_atomic_write_keeps_old_content_and_no_temp_file_when_replace_fails(tmp_
     def broken_replace(src, dst):
         raise OSError("disk full")
 
-    monkeypatch.setattr(report.os, "replace", broken_replace)
+    monkeypatch.setattr(suite_io.os, "replace", broken_replace)
     with pytest.raises(OSError, match="disk full"):
         atomic_write_text(target, "new")
     assert target.read_text() == "old"

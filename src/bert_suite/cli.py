@@ -13,7 +13,7 @@ import re
 import sys
 from pathlib import Path
 
-from .report import atomic_write_text
+from .io import atomic_write_text
 
 
 def _export(args: argparse.Namespace, rest: list[str]) -> None:

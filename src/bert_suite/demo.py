@@ -23,8 +23,8 @@ import sys
 import time
 from pathlib import Path
 
+from .io import atomic_write_text
 from .pretraining.instances import iter_documents
-from .report import atomic_write_text
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -78,7 +78,7 @@ def _run(command: list[str], log: Path) -> None:
 def plot_pretraining(metrics_file: Path, out: Path) -> Path:
     from matplotlib.figure import Figure
 
-    from .report import save_figure
+    from .io import save_figure
 
     rows = [json.loads(line) for line in metrics_file.read_text().splitlines() if line.strip()]
     fig = Figure(figsize=(11, 3.2), layout="constrained")

@@ -24,7 +24,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from .report import atomic_write_text
+from .io import atomic_write_text
 
 POOLS = ("concat", "sum", "weighted")
 # The rows of Table 7: name -> (layers, pool). Layer 0 is the embedding output, -1 the last layer.

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from .adapters import classification as adapter
 from .cards import TaskCard, load_card
-from .report import atomic_write_bytes, atomic_write_text, atomic_write_with
+from .io import atomic_write_bytes, atomic_write_text, atomic_write_with
 from .runner import predict, split_file_stem
 
 GLUE_TASKS = ("cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte", "wnli", "ax")

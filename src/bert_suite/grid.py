@@ -29,7 +29,8 @@ from tqdm.auto import tqdm
 
 from .cards import TaskCard
 from .faults import failpoint
-from .report import atomic_write_text, select_best, write_grid_report
+from .io import atomic_write_text
+from .report import select_best, write_grid_report
 from .runner import (
     TASK_SETTINGS_FILE,
     RunError,

@@ -15,7 +15,7 @@ from pathlib import Path
 import yaml
 from huggingface_hub import HfApi, constants
 
-from .report import atomic_write_text
+from .io import atomic_write_text
 
 logger = logging.getLogger(__name__)
 

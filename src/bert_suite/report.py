@@ -11,12 +11,10 @@ import csv
 import io
 import logging
 import math
-import os
 import statistics
-import uuid
-from collections.abc import Callable
 from pathlib import Path
-from typing import IO
+
+from .io import atomic_write_text, save_figure
 
 logger = logging.getLogger(__name__)
 
@@ -24,34 +22,6 @@ REQUIRED_KEYS = ("trial", "learning_rate", "per_device_train_batch_size", "num_t
 SETTING_KEYS = ("learning_rate", "per_device_train_batch_size", "num_train_epochs")
 # Trainer metrics that are bookkeeping or losses, not scores: never shown as percentages.
 _NOT_SCORE_MARKERS = ("loss", "runtime", "per_second", "epoch", "thresh", "total")
-
-
-def atomic_write_with(path: str | Path, write: Callable[[IO[bytes]], object]) -> Path:
-    """Call `write` on a temp file next to `path`, then rename it onto `path` (e.g. a zip archive)."""
-    path = Path(path)
-    # Same folder, so os.replace is a rename on one file system: readers see old or new, never half.
-    # os.open with 0o666 rather than mkstemp so the file gets the usual umask mode, not 0600.
-    tmp = path.parent / f".{path.name}.{uuid.uuid4().hex[:12]}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return path
-
-
-def atomic_write_text(path: str | Path, text: str) -> Path:
-    """Write `text` (UTF-8) to `path` atomically; returns the path."""
-    return atomic_write_with(path, lambda f: f.write(text.encode("utf-8")))
-
-
-def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
-    return atomic_write_with(path, lambda f: f.write(data))
 
 
 def _validate(trials: list[dict], metric: str) -> None:
@@ -156,14 +126,6 @@ def _markdown(trials, metric, task, metric_keys, best, paper, plot_note) -> str:
     if plot_note:
         lines += [plot_note, ""]
     return "\n".join(lines)
-
-
-def save_figure(fig, path: Path) -> Path:
-    """A matplotlib Figure as a PNG, written atomically (Agg: no display, no pyplot state)."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-
-    FigureCanvasAgg(fig)  # Agg explicitly: no display needed, no pyplot global state touched
-    return atomic_write_with(path, lambda f: fig.savefig(f, format="png", dpi=100))
 
 
 def _plots(trials: list[dict], metric: str, best: dict | None, out: Path) -> dict[str, Path]:

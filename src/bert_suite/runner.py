@@ -36,7 +36,7 @@ from . import __version__
 from .adapters import split_file_stem  # noqa: F401  (re-exported for glue_package)
 from .cards import TaskCard
 from .configuration_bert_suite import BertSuiteConfig
-from .report import atomic_write_text
+from .io import atomic_write_text
 
 TASK_SETTINGS_FILE = "bert_suite_task.json"  # settings chosen on dev, kept with the checkpoint
 

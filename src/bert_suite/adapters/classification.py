@@ -13,9 +13,9 @@ import datasets
 import numpy as np
 
 from ..cards import TaskCard
+from ..io import atomic_write_text
 from ..metrics import glue_metrics
 from ..modeling_bert_suite import BertSuiteForSequenceClassification
-from ..report import atomic_write_text
 from . import DataError, load_hub_split, read_text, split_file_stem
 
 MODEL_CLASS = BertSuiteForSequenceClassification

@@ -33,8 +33,8 @@ import datasets
 import numpy as np
 
 from ..cards import TaskCard
+from ..io import atomic_write_text
 from ..modeling_bert_suite import BertSuiteForMultipleChoice
-from ..report import atomic_write_text
 from . import DataError, family_options, load_hub_split, read_text, split_file_stem
 
 MODEL_CLASS = BertSuiteForMultipleChoice

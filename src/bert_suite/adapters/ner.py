@@ -49,9 +49,9 @@ import pyarrow as pa
 import torch
 
 from ..cards import TaskCard
+from ..io import atomic_write_text
 from ..metrics.ner import ner_scores  # noqa: F401  (part of this module's API: the feature-based route)
 from ..modeling_bert_suite import BertSuiteForTokenClassification
-from ..report import atomic_write_text
 from . import (
     DataError,
     family_options,

@@ -32,9 +32,9 @@ import numpy as np
 import pyarrow as pa
 
 from ..cards import TaskCard
+from ..io import atomic_write_text
 from ..metrics import squad as scorer
 from ..modeling_bert_suite import BertSuiteForQuestionAnswering
-from ..report import atomic_write_text
 from . import DataError, family_options, load_hub_split, read_text, split_file_stem
 from . import window_starts as shared_window_starts
 

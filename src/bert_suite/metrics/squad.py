@@ -503,7 +503,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     text = json.dumps(result, indent=2)
     if args.out_file:
-        from ..report import atomic_write_text
+        from ..io import atomic_write_text
 
         atomic_write_text(args.out_file, text + "\n")
     print(text)

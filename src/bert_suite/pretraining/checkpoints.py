@@ -16,7 +16,7 @@ import shutil
 from pathlib import Path
 
 from ..faults import failpoint
-from ..report import atomic_write_text
+from ..io import atomic_write_text
 
 PROGRESS = "progress.json"
 _COMPLETE = re.compile(r"step-(\d+)")

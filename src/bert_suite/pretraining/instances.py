@@ -33,7 +33,7 @@ import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from ..report import atomic_write_text
+from ..io import atomic_write_text
 from .tokenizer import SPECIAL_TOKENS, check_bert_vocabulary, check_input_files, load_pretraining_tokenizer
 
 FORMATS = ("auto", "lines", "raw", "wikitext")
