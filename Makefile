@@ -10,7 +10,10 @@ STAMP      := $(VENV)/.bert_suite_installed
 OFFLINE    := HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 HF_EVALUATE_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 PYTEST_ARGS ?=
 
-.PHONY: install test test-all lint clean
+.PHONY: help install test test-all lint clean
+
+help:  ## this list
+	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/^([a-z-]+):.*## (.*)/  make \1\t\2/' | expand -t 22
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -20,18 +23,18 @@ $(STAMP): pyproject.toml constraints.txt | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[dev]"
 	touch $(STAMP)
 
-install: $(STAMP)
+install: $(STAMP)  ## the .venv (torch pinned, CPU build), once
 
-test: install
+test: install  ## the fast offline tests (README)
 	$(OFFLINE) $(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
 
-test-all: install
+test-all: install  ## the tests, slow ones included
 	$(OFFLINE) $(BIN)/python -m pytest $(PYTEST_ARGS)
 
-lint: install
-	$(BIN)/ruff check src tests
+lint: install  ## ruff on all Python in the repository
+	$(BIN)/ruff check .
 
-clean:
+clean:  ## remove .venv and build outputs
 	rm -rf $(VENV) .pytest_cache build dist src/*.egg-info
 
 # ---- GLUE: the paper's exhaustive grid on one task (see README "GLUE") --------------------------
@@ -41,11 +44,13 @@ DATA_DIR  ?=
 TOKENIZER ?=
 OUT       ?= runs/$(TASK)-grid
 GRID_ARGS ?=
+# --data_dir / --tokenizer when DATA_DIR / TOKENIZER are set (every task target passes them)
+DATA_FLAGS = $(if $(DATA_DIR),--data_dir $(DATA_DIR)) $(if $(TOKENIZER),--tokenizer $(TOKENIZER))
 
 .PHONY: glue
-glue: install
+glue: install  ## the paper's grid on a GLUE task (TASK=rte MODEL=... DATA_DIR=...)
 	$(BIN)/bert-suite grid $(TASK) --model $(MODEL) --output_dir $(OUT) \
-		$(if $(DATA_DIR),--data_dir $(DATA_DIR)) $(if $(TOKENIZER),--tokenizer $(TOKENIZER)) $(GRID_ARGS)
+		$(DATA_FLAGS) $(GRID_ARGS)
 
 # ---- SQuAD: the card's grid (paper: v1.1 3 epochs, v2.0 2 epochs, lr 5e-5); see README "SQuAD" ----
 # DATA_DIR holds the official train-v1.1.json/dev-v1.1.json (or the v2.0 files); empty = the Hub.
@@ -53,23 +58,23 @@ VERSION   ?= 1
 SQUAD_CARD = $(if $(filter 2 2.0,$(VERSION)),squad/v2,squad/v1)
 
 .PHONY: squad
-squad: install
+squad: install  ## the SQuAD grid (VERSION=1|2)
 	$(BIN)/bert-suite grid $(SQUAD_CARD) --model $(MODEL) --output_dir $(or $(SQUAD_OUT),runs/squad-v$(VERSION)-grid) \
-		$(if $(DATA_DIR),--data_dir $(DATA_DIR)) $(if $(TOKENIZER),--tokenizer $(TOKENIZER)) $(GRID_ARGS)
+		$(DATA_FLAGS) $(GRID_ARGS)
 
 # ---- SWAG and CoNLL-2003 NER: the cards' grids (see README "SWAG and NER") -------------------
 # NER_CONTEXT=document|sentence (the paper: document context)
 NER_CONTEXT ?= document
 
 .PHONY: swag ner
-swag: install
+swag: install  ## the SWAG grid
 	$(BIN)/bert-suite grid swag --model $(MODEL) --output_dir $(or $(SWAG_OUT),runs/swag-grid) \
-		$(if $(DATA_DIR),--data_dir $(DATA_DIR)) $(if $(TOKENIZER),--tokenizer $(TOKENIZER)) $(GRID_ARGS)
+		$(DATA_FLAGS) $(GRID_ARGS)
 
-ner: install
+ner: install  ## the CoNLL-2003 grid (NER_CONTEXT=document|sentence)
 	$(BIN)/bert-suite grid conll2003 --model $(or $(NER_MODEL),google-bert/bert-base-cased) --context $(NER_CONTEXT) \
 		--output_dir $(or $(NER_OUT),runs/conll2003-$(NER_CONTEXT)-grid) \
-		$(if $(DATA_DIR),--data_dir $(DATA_DIR)) $(if $(TOKENIZER),--tokenizer $(TOKENIZER)) $(GRID_ARGS)
+		$(DATA_FLAGS) $(GRID_ARGS)
 
 # ---- Pre-training (see README "Pre-training") ---------------------------------------------------
 # `make pretrain` runs the tiny config end to end on the embedded corpus (stdlib documentation);
@@ -90,14 +95,14 @@ runs/pretrain-data/%/pretrain_data_stats.json: runs/pretrain-tokenizer/vocab.txt
 	$(OFFLINE) $(BIN)/bert-suite pretrain-data --input $(CORPUS) --tokenizer runs/pretrain-tokenizer \
 		--max_seq_length $* --dupe_factor $(if $(filter 128,$*),5,1) --output_dir runs/pretrain-data/$*
 
-pretrain-data: runs/pretrain-data/128/pretrain_data_stats.json runs/pretrain-data/512/pretrain_data_stats.json
+pretrain-data: runs/pretrain-data/128/pretrain_data_stats.json runs/pretrain-data/512/pretrain_data_stats.json  ## NSP instances at 128 and 512 from the embedded corpus
 
-pretrain: pretrain-data
+pretrain: pretrain-data  ## pre-training with the recipe (PRETRAIN_CONFIG, PRETRAIN_ARGS)
 	$(OFFLINE) $(BIN)/accelerate launch --config_file $(ACCELERATE_CONFIG) recipes/pretrain.py \
 		--config $(PRETRAIN_CONFIG) $(PRETRAIN_ARGS)
 
 # The README's first command: corpus -> vocabulary -> pre-training -> fine-tuning grid, offline.
-demo: install
+demo: install  ## the embedded demo: corpus -> vocabulary -> pre-training -> grid
 	$(OFFLINE) $(BIN)/bert-suite demo --output_dir runs/demo
 
 # ---- Benchmarks (results: benchmarks/RESULTS.md). Each skips cleanly without ../shared/data. -----
@@ -106,12 +111,12 @@ demo: install
 # `make bench`: the quick mode (under 10 minutes on 2 cores); `make bench-full`: more steps,
 # repetitions, the whole RTE/MRPC train sets and the SQuAD processing benchmark. Results: runs/bench/*.json and the printed tables.
 .PHONY: bench bench-full
-bench: install
+bench: install  ## the quick benchmarks against stock transformers
 	$(OFFLINE) $(BIN)/python benchmarks/pretrain_step.py --quick --profile
 	$(OFFLINE) $(BIN)/python benchmarks/finetune_speed.py --quick --profile
 	$(OFFLINE) $(BIN)/python benchmarks/pretrain_data_speed.py --repeat 1
 
-bench-full: install
+bench-full: install  ## the full benchmarks
 	$(OFFLINE) $(BIN)/python benchmarks/pretrain_step.py --profile
 	$(OFFLINE) $(BIN)/python benchmarks/finetune_speed.py --profile
 	$(OFFLINE) $(BIN)/python benchmarks/pretrain_data_speed.py --repeat 3
