@@ -412,3 +412,27 @@ def test_command_line(tmp_path, capsys):
     assert printed == json.loads(out.read_text(encoding="utf-8")) == evaluate_v2(V2_GOLD, V2_PREDS)
     assert main([data, str(tmp_path / "nope.json")]) == 2
     assert "nope.json" in capsys.readouterr().err
+
+
+def test_both_command_lines_take_both_spellings(tmp_path, capsys):
+    """`python -m bert_suite.metrics.squad` (the official script's --na-prob-file ...) and `bert-suite
+    score squad` (--na_probs ...) accept each other's spellings and give the same scores."""
+    from bert_suite.cli import main as cli_main
+
+    data = _write(tmp_path / "dev.json", _dataset(V2_GOLD, version="v2.0"))
+    preds = _write(tmp_path / "pred.json", V2_PREDS)
+    na = _write(tmp_path / "na.json", {"q0": 0.1, "q1": 0.9, "q2": 0.2, "q3": 0.8})
+    expected = evaluate_v2(V2_GOLD, V2_PREDS, {"q0": 0.1, "q1": 0.9, "q2": 0.2, "q3": 0.8}, na_prob_thresh=0.5)
+    runs = [
+        lambda out: main([data, preds, "--na-prob-file", na, "--na-prob-thresh", "0.5", "--out-file", out]),
+        lambda out: main([data, preds, "--na_probs", na, "--na_prob_thresh", "0.5", "--out_file", out]),
+        lambda out: cli_main(["score", "squad", "--data", data, "--predictions", preds, "--na_probs", na,
+                              "--na_prob_thresh", "0.5", "--out_file", out]),
+        lambda out: cli_main(["score", "squad", "--data", data, "--predictions", preds, "--na-prob-file", na,
+                              "--na-prob-thresh", "0.5", "--out-file", out]),
+    ]
+    for i, run in enumerate(runs):
+        out = tmp_path / f"out{i}.json"
+        assert run(str(out)) == 0
+        assert json.loads(out.read_text(encoding="utf-8")) == expected, i
+    capsys.readouterr()

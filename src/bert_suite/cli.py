@@ -327,13 +327,15 @@ def build_parser() -> argparse.ArgumentParser:
     score.add_argument("benchmark", choices=["squad"])
     score.add_argument("--data", required=True, help="the official dataset JSON (e.g. dev-v2.0.json)")
     score.add_argument("--predictions", required=True, help="predictions.json: question id -> answer text")
-    score.add_argument("--na_probs", help="v2: null_odds.json, question id -> no-answer score")
-    score.add_argument("--na_prob_thresh", type=float, default=1.0,
+    # also the official evaluate-v2.0 spellings (--na-prob-file, --na-prob-thresh, --out-file)
+    score.add_argument("--na_probs", "--na-prob-file", "--na_prob_file", dest="na_probs",
+                       help="v2: null_odds.json, question id -> no-answer score")
+    score.add_argument("--na_prob_thresh", "--na-prob-thresh", dest="na_prob_thresh", type=float, default=1.0,
                        help="v2: count a question as answered 'no answer' when its na_probs value is above this "
                        "(default 1.0, as the official script; our predictions.json is already thresholded, so "
                        "with null_odds.json pass the run's threshold or a large value)")
     score.add_argument("--version", help="1.1 or 2.0 (default: from the data file)")
-    score.add_argument("--out_file", help="also write the JSON here")
+    score.add_argument("--out_file", "--out-file", dest="out_file", help="also write the JSON here")
     score.set_defaults(func=_score)
 
     package = sub.add_parser("glue-package", help="GLUE server files + zip + dev summary from finetune/grid runs")

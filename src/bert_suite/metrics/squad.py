@@ -491,9 +491,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Official-equivalent SQuAD v1.1 / v2.0 scorer.")
     parser.add_argument("data_file", help="SQuAD dataset JSON")
     parser.add_argument("pred_file", help="predictions JSON: question id -> answer text")
-    parser.add_argument("--na-prob-file", "-n", help="v2.0: JSON question id -> no-answer probability")
-    parser.add_argument("--na-prob-thresh", "-t", type=float, default=1.0, help="predict no answer above this")
-    parser.add_argument("--out-file", "-o", help="also write the result JSON here")
+    # The official script's spellings, and those of `bert-suite score squad` (--na_probs, ...), alike.
+    parser.add_argument("--na-prob-file", "-n", "--na_probs", "--na_prob_file", dest="na_prob_file",
+                        help="v2.0: JSON question id -> no-answer probability")
+    parser.add_argument("--na-prob-thresh", "-t", "--na_prob_thresh", dest="na_prob_thresh", type=float, default=1.0,
+                        help="predict no answer above this")
+    parser.add_argument("--out-file", "-o", "--out_file", dest="out_file", help="also write the result JSON here")
     parser.add_argument("--version", help="force the scorer: 1.1 or 2.0 (default: detected from the data)")
     args = parser.parse_args(argv)
     try:
