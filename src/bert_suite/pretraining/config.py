@@ -1,6 +1,6 @@
 """The pre-training recipe's configuration: one flat, typed dataclass read from YAML plus
 `key=value` overrides. An unknown key, a wrong type or an impossible value is an error naming
-the file and the key (house rule 4); the recipe reads every field, so none is decorative."""
+the file and the key, like the task cards; the recipe reads every field, so none is decorative."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ class PretrainConfig:
     eval_data: str | None = None  # held-out instances; default: eval_fraction split off train_data
     eval_fraction: float = 0.01
     tokenizer: str = ""  # tokenizer folder or vocab.txt; saved with the final checkpoint
-    # --- model: a size preset (PAPER.md) and the Table 5 ablation switches
+    # --- model: a size preset (BERT paper Table 6 and the released miniatures) and the Table 5 ablation switches
     model_size: str = "tiny"
     use_nsp: bool = True  # False: Table 5 "No NSP"
     causal_attention: bool = False  # True (with use_nsp False): Table 5 "LTR & No NSP"

@@ -1,6 +1,6 @@
 """Plain-text corpus -> documents -> next-sentence-prediction instances -> a `datasets` dataset on disk.
 
-Instances follow the reference create_pretraining_data algorithm (PAPER.md, "Pre-training"), with its
+Instances follow the reference create_pretraining_data algorithm (BERT paper, Section 3.1 and Appendix A.2; google-research/bert's create_pretraining_data.py), with its
 known flaw fixed: a NotNext segment B never comes from the document segment A came from.
 
 Corpus formats (`fmt`):
