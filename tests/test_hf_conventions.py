@@ -70,14 +70,13 @@ def test_compile_inductor_equals_eager(name):
 @pytest.mark.parametrize("name", list(HEADS))
 def test_export_with_a_mask_and_dynamic_batch_and_length(name):
     model = tiny(name)
-    inputs = {k: v for k, v in inputs_for(name).items()}
+    inputs = inputs_for(name)
     dims = {0: Dim("batch", min=1, max=64), inputs["input_ids"].dim() - 1: Dim("seq", min=2, max=64)}
     program = torch.export.export(model, (), inputs, dynamic_shapes={k: dims for k in inputs})
     fields = HEADS[name][3][:-1] if "loss" in HEADS[name][3] else HEADS[name][3]
     # another batch size and length than the traced one
     g = torch.Generator().manual_seed(5)
-    shape = (*inputs["input_ids"].shape[:-1], 17)
-    shape = (5, *shape[1:])
+    shape = (5, *inputs["input_ids"].shape[1:-1], 17)  # (batch, [choices,] length)
     other = {"input_ids": torch.randint(1, VOCAB, shape, generator=g),
              "attention_mask": torch.ones(shape, dtype=torch.long), "token_type_ids": torch.zeros(shape, dtype=torch.long)}
     other["attention_mask"][..., 0, 9:] = 0
