@@ -1,4 +1,5 @@
-"""Test-wide settings: offline, quiet, caches inside the test run, parity figures in the summary."""
+"""Test-wide settings: offline, quiet, caches inside the test run, parity figures in the summary; and the
+fixtures that several test modules use (pytest finds them here without imports)."""
 
 import os
 import tempfile
@@ -10,8 +11,14 @@ os.environ["TRANSFORMERS_VERBOSITY"] = "error"
 os.environ["TOKENIZERS_PARALLELISM"] = "false"
 os.environ.setdefault("HF_HOME", tempfile.mkdtemp(prefix="bert_suite_hf_home_"))
 
+import random  # noqa: E402
+
 import pytest  # noqa: E402
 import torch  # noqa: E402
+from huggingface_hub import constants  # noqa: E402
+
+from bert_suite import hub  # noqa: E402
+from helpers import WORDS, FakeApi  # noqa: E402
 
 torch.set_num_threads(min(2, torch.get_num_threads()))
 
@@ -32,3 +39,37 @@ def report():
         REPORTED[name] = value
 
     return _report
+
+
+# Fixtures that several test modules use (shared builders and constants are in helpers.py).
+
+
+@pytest.fixture(scope="module")
+def pretrain_setup(tmp_path_factory):
+    """A corpus where documents have their own topic words, its vocabulary and NSP instances."""
+    from bert_suite.pretraining.instances import build_pretraining_dataset
+
+    tmp = tmp_path_factory.mktemp("pretrain")
+    rng = random.Random(0)
+    topics = [WORDS[i: i + 3] for i in range(0, 6)]
+    docs = []
+    for d in range(60):
+        topic = topics[d % len(topics)]
+        docs.append("\n".join(" ".join(rng.choice(topic) for _ in range(rng.randint(3, 8))) + " ." for _ in range(6)))
+    (tmp / "corpus.txt").write_text("\n\n".join(docs) + "\n")
+    (tmp / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", ".", *WORDS]) + "\n")
+    for length in (32, 64):
+        build_pretraining_dataset([str(tmp / "corpus.txt")], str(tmp / "vocab.txt"), str(tmp / f"data{length}"),
+                                  max_seq_length=length, dupe_factor=3, fmt="lines")
+    return tmp
+
+
+@pytest.fixture
+def online(monkeypatch):
+    """Online mode as far as push_to_hub can tell, with HfApi faked so nothing reaches the network."""
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(hub, "HfApi", FakeApi)
+    monkeypatch.setattr(FakeApi, "calls", [])
+    monkeypatch.setattr(FakeApi, "fail_with", None)
+    return FakeApi

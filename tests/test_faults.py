@@ -20,8 +20,7 @@ import pytest
 from bert_suite import faults
 from bert_suite.cli import main as cli_main
 from bert_suite.pretraining.checkpoints import complete_checkpoints, trim_log
-from test_glue import run_args, write_rte_like
-from test_pretrain_recipe import fresh_state, load_recipe, pretrain_setup, recipe_args  # noqa: F401 (fixture)
+from helpers import fresh_state, load_recipe, recipe_args, run_args, write_rte_like
 
 REPO = Path(__file__).resolve().parents[1]
 GRID = ["--max_steps", "2", "--learning_rates", "1e-3", "5e-4", "--batch_sizes", "16", "--epochs", "1"]
@@ -143,7 +142,7 @@ def test_a_trial_whose_loss_becomes_nan_is_recorded_as_failed(tmp_path):
 
 
 def test_pretraining_killed_while_writing_a_checkpoint_resumes_from_the_last_complete_one(
-        pretrain_setup, tmp_path, monkeypatch):  # noqa: F811 (the fixture imported above)
+        pretrain_setup, tmp_path, monkeypatch):
     recipe = load_recipe()
     args = recipe_args(pretrain_setup, tmp_path / "whole", "max_steps=12", "phase1_fraction=0.75", "save_steps=4",
                        "eval_fraction=0")

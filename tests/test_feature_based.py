@@ -10,7 +10,7 @@ from bert_suite.cli import main as cli_main
 from bert_suite.configuration_bert_suite import BertSuiteConfig
 from bert_suite.feature_based import FeatureError, parse_layers, pool_layers, train_tagger
 from bert_suite.modeling_bert_suite import BertSuiteModel
-from test_ner import LABELS, write_synthetic
+from helpers import LABELS, write_synthetic
 
 
 @pytest.fixture(scope="module")

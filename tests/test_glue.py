@@ -3,7 +3,6 @@ resumable grid."""
 
 import csv
 import json
-import random
 from pathlib import Path
 
 import pytest
@@ -12,36 +11,7 @@ from bert_suite import grid as grid_module
 from bert_suite.adapters.classification import DataError, read_tsv_split
 from bert_suite.cards import CardError, available_cards, card_from_dict, load_card
 from bert_suite.cli import main as cli_main
-
-WORDS = "apple berry cherry grape lemon mango olive peach".split()
-
-
-def write_rte_like(folder: Path, n_train=600, n_dev=200, seed=0) -> Path:
-    """A learnable pair task in RTE's layout: the label is decided by which half of the
-    vocabulary sentence2's word comes from; sentence1 is noise."""
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS]) + "\n")
-    rng = random.Random(seed)
-
-    def rows(n, labelled=True):
-        out = []
-        for i in range(n):
-            positive = rng.random() < 0.5
-            s1 = " ".join(rng.sample(WORDS, 3))
-            s2 = rng.choice(WORDS[:4] if positive else WORDS[4:])
-            label = "entailment" if positive else "not_entailment"
-            out.append(f"{i}\t{s1}\t{s2}" + (f"\t{label}" if labelled else ""))
-        return out
-
-    (folder / "train.tsv").write_text("index\tsentence1\tsentence2\tlabel\n" + "\n".join(rows(n_train)) + "\n")
-    (folder / "dev.tsv").write_text("index\tsentence1\tsentence2\tlabel\n" + "\n".join(rows(n_dev)) + "\n")
-    (folder / "test.tsv").write_text("index\tsentence1\tsentence2\n" + "\n".join(rows(50, False)) + "\n")
-    return folder
-
-
-def run_args(data: Path, out: Path, *extra: str) -> list[str]:
-    return ["--model", "preset:tiny", "--tokenizer", str(data / "vocab.txt"), "--data_dir", str(data),
-            "--output_dir", str(out), "--disable_tqdm", "true", *extra]
+from helpers import run_args, write_rte_like
 
 
 def test_finetune_learns_a_pair_task_and_writes_its_outputs(tmp_path, capsys):

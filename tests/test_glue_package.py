@@ -11,7 +11,7 @@ import pytest
 from bert_suite.cards import load_card
 from bert_suite.cli import main as cli_main
 from bert_suite.glue_package import GLUE_TASKS, Run, dev_summary_markdown, package
-from test_glue import WORDS, run_args, write_rte_like
+from helpers import WORDS, run_args, write_rte_like
 
 
 def write_mnli_like(root: Path, n=48, seed=1) -> Path:

@@ -15,7 +15,7 @@ from bert_suite import (
     BertSuiteForSequenceClassification,
     BertSuiteModel,
 )
-from test_modeling import HEADS, STOCK_CONFIG, TOL, VOCAB, inputs_for, labels_for, save_stock
+from helpers import HEADS, STOCK_CONFIG, TOL, VOCAB, inputs_for, labels_for, run_args, save_stock, write_rte_like
 
 
 def tiny(name, **extra):
@@ -211,7 +211,6 @@ def test_finetune_with_torch_compile_learns(tmp_path):
     import json
 
     from bert_suite.cli import main
-    from test_glue import run_args, write_rte_like
 
     data = write_rte_like(tmp_path / "data", n_train=300, n_dev=100)
     torch._dynamo.reset()

@@ -10,6 +10,7 @@ from huggingface_hub import constants
 
 from bert_suite import hub
 from bert_suite.hub import model_card, push_to_hub, scrub_secrets
+from helpers import run_args, write_rte_like
 
 FAKE_TOKEN = "hf_FAKEFAKEFAKEFAKEFAKEFAKE1234"
 REPO = "someone/bert-base-mrpc"
@@ -32,36 +33,6 @@ def info(**changes):
 def front_matter(card: str) -> dict:
     assert card.startswith("---\n")
     return yaml.safe_load(card.split("---\n")[1])
-
-
-class FakeApi:
-    """Stands in for huggingface_hub.HfApi and records what push_to_hub asks of it."""
-
-    calls: list = []
-    fail_with: Exception | None = None
-
-    def __init__(self, token=None, **kwargs):
-        FakeApi.calls.append(("init", token))
-
-    def create_repo(self, repo_id, **kwargs):
-        FakeApi.calls.append(("create_repo", repo_id, kwargs))
-        return f"https://huggingface.co/{repo_id}"
-
-    def upload_folder(self, **kwargs):
-        FakeApi.calls.append(("upload_folder", kwargs))
-        if FakeApi.fail_with:
-            raise FakeApi.fail_with
-
-
-@pytest.fixture
-def online(monkeypatch):
-    """Online mode as far as push_to_hub can tell, with HfApi faked so nothing reaches the network."""
-    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
-    monkeypatch.setattr(hub, "HfApi", FakeApi)
-    monkeypatch.setattr(FakeApi, "calls", [])
-    monkeypatch.setattr(FakeApi, "fail_with", None)
-    return FakeApi
 
 
 @pytest.fixture
@@ -184,7 +155,6 @@ def test_push_keeps_an_existing_readme_and_requires_one(online, checkpoint):
 
 def test_grid_push_uploads_the_best_checkpoint_with_its_card(online, tmp_path, monkeypatch, capfd):
     from bert_suite.cli import main as cli_main
-    from test_glue import run_args, write_rte_like
 
     monkeypatch.setattr(hub, "hub_reachable", lambda timeout=3.0: True)
     monkeypatch.setenv("HF_TOKEN", FAKE_TOKEN)
@@ -205,7 +175,6 @@ def test_grid_push_uploads_the_best_checkpoint_with_its_card(online, tmp_path, m
 
 def test_push_is_refused_before_training_when_the_hub_is_unreachable(tmp_path, monkeypatch, capsys):
     from bert_suite.cli import main as cli_main
-    from test_glue import run_args, write_rte_like
 
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     monkeypatch.setattr(hub, "hub_reachable", lambda timeout=3.0: False)

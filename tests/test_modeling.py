@@ -18,95 +18,13 @@ from bert_suite import (
     BertSuiteConfig,
     BertSuiteConfigError,
     BertSuiteForMaskedLM,
-    BertSuiteForMultipleChoice,
-    BertSuiteForNextSentencePrediction,
     BertSuiteForPreTraining,
     BertSuiteForQuestionAnswering,
     BertSuiteForSequenceClassification,
-    BertSuiteForTokenClassification,
     BertSuiteModel,
 )
 from bert_suite.cli import main as cli_main
-
-VOCAB = 101
-TOL = 1e-5
-
-STOCK_CONFIG = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                    intermediate_size=37, max_position_embeddings=64)
-
-
-def batch(shape=(3, 11)):
-    """Token ids with padding (rows of length 11, 7, 4), a mask, and both segment ids."""
-    g = torch.Generator().manual_seed(1)
-    ids = torch.randint(1, VOCAB, shape, generator=g)
-    mask = torch.ones(shape, dtype=torch.long)
-    lengths = [shape[-1], 7, 4]
-    types = torch.zeros(shape, dtype=torch.long)
-    for row, n in enumerate(lengths[: shape[-2]]):
-        mask[..., row, n:] = 0
-        ids[..., row, n:] = 0
-        types[..., row, n // 2 : n] = 1
-    return {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
-
-
-def labels_for(name, inputs):
-    ids = inputs["input_ids"]
-    g = torch.Generator().manual_seed(2)
-    if name in ("ForPreTraining", "ForMaskedLM"):
-        labels = torch.full_like(ids, -100)
-        labels[:, 1] = ids[:, 1]
-        labels[0, 5] = 7
-        out = {"labels": labels}
-        if name == "ForPreTraining":
-            out["next_sentence_label"] = torch.tensor([0, 1, 1])
-        return out
-    if name == "ForNextSentencePrediction":
-        return {"labels": torch.tensor([0, 1, 1])}
-    if name == "ForSequenceClassification":
-        return {"labels": torch.tensor([0, 2, 1])}
-    if name == "ForSequenceRegression":
-        return {"labels": torch.tensor([0.5, 2.0, -1.0])}
-    if name == "ForTokenClassification":
-        labels = torch.randint(0, 3, ids.shape, generator=g)
-        labels[inputs["attention_mask"] == 0] = -100
-        return {"labels": labels}
-    if name == "ForQuestionAnswering":
-        return {"start_positions": torch.tensor([1, 2, 40]), "end_positions": torch.tensor([3, 2, 41])}
-    if name == "ForMultipleChoice":
-        return {"labels": torch.tensor([1, 0, 1])}
-    return {}
-
-
-# name -> (our class, stock class name, extra config, output fields to compare)
-HEADS = {
-    "Model": (BertSuiteModel, "BertModel", {}, ["last_hidden_state", "pooler_output"]),
-    "ForPreTraining": (BertSuiteForPreTraining, "BertForPreTraining", {}, ["prediction_logits", "seq_relationship_logits", "loss"]),
-    "ForMaskedLM": (BertSuiteForMaskedLM, "BertForMaskedLM", {}, ["logits", "loss"]),
-    "ForNextSentencePrediction": (BertSuiteForNextSentencePrediction, "BertForNextSentencePrediction", {}, ["logits", "loss"]),
-    "ForSequenceClassification": (BertSuiteForSequenceClassification, "BertForSequenceClassification", {"num_labels": 3}, ["logits", "loss"]),
-    "ForSequenceRegression": (BertSuiteForSequenceClassification, "BertForSequenceClassification", {"num_labels": 1}, ["logits", "loss"]),
-    "ForQuestionAnswering": (BertSuiteForQuestionAnswering, "BertForQuestionAnswering", {}, ["start_logits", "end_logits", "loss"]),
-    "ForMultipleChoice": (BertSuiteForMultipleChoice, "BertForMultipleChoice", {}, ["logits", "loss"]),
-    "ForTokenClassification": (BertSuiteForTokenClassification, "BertForTokenClassification", {"num_labels": 3}, ["logits", "loss"]),
-}
-
-
-def save_stock(name, folder, bin_weights=False):
-    ours, stock_name, extra, _ = HEADS[name]
-    torch.manual_seed(0)
-    stock = getattr(transformers, stock_name)(BertConfig(**STOCK_CONFIG, **extra)).eval()
-    stock.save_pretrained(folder)
-    if bin_weights:  # the older format: pickled state dict, read back with weights_only=True
-        os.remove(os.path.join(folder, "model.safetensors"))
-        torch.save(stock.state_dict(), os.path.join(folder, "pytorch_model.bin"))
-    return stock
-
-
-def inputs_for(name):
-    if name == "ForMultipleChoice":
-        one = batch()
-        return {k: torch.stack([v, v.roll(1, dims=0)], dim=1) for k, v in one.items()}  # (3, 2, 11)
-    return batch()
+from helpers import HEADS, STOCK_CONFIG, TOL, VOCAB, batch, inputs_for, labels_for, save_stock
 
 
 def max_diff(a, b, fields, real=None):

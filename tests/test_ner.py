@@ -20,8 +20,8 @@ from seqeval.metrics.sequence_labeling import precision_recall_fscore_support
 from bert_suite.adapters import DataError, ner
 from bert_suite.cards import SplitSpec, load_card
 from bert_suite.cli import main as cli_main
+from helpers import LABELS, conll_text, write_synthetic
 
-LABELS = ["O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC", "B-MISC", "I-MISC"]
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
 UNIT_VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *LETTERS, *(f"##{c}" for c in LETTERS), ".", ",",
               "the", "went", "to", "Paris", "Alice", "Berlin", "Acme", "Corp", "EU", "German", "Bob", "Carla",
@@ -41,17 +41,6 @@ def card_with(**options):
                                splits={"train": SplitSpec(hub="train", file="train.txt"),
                                        "validation": SplitSpec(hub="validation", file="valid.txt"),
                                        "test": SplitSpec(hub="test", file="test.txt")})
-
-
-def conll_text(documents, docstart=True) -> str:
-    """documents: [[[(word, tag), ...] per sentence] per document] in the distributed 4-column layout."""
-    lines = []
-    for document in documents:
-        if docstart:
-            lines += ["-DOCSTART- -X- -X- O", ""]
-        for sentence in document:
-            lines += [f"{w} NNP I-NP {t}" for w, t in sentence] + [""]
-    return "\n".join(lines) + "\n"
 
 
 def write(tmp_path: Path, text: str, name="data.txt") -> Path:
@@ -410,49 +399,6 @@ def test_metric_fn_scores_the_words_from_logits(tmp_path, tok):
 
 # --------------------------------------------------------------------------------------------------------------
 # End to end through the runner
-
-FILLER = "the a met visited in at and said today from works for with near of on was team city report . ,".split()
-PER, SURNAMES = "Alice Bruno Carla Dmitri Elena Farid Greta Hiro Karina Marco".split(), "Smith Novak Okafor".split()
-LOC, ORG, MISC = "Paris Berlin Lagos Quito Oslo Lima".split(), "Acme Globex Initech Umbrella".split(), "Nobel Euro".split()
-# Karina and Marco are split into sub-tokens (Kar ##ina, Mar ##co)
-E2E_VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *FILLER, *PER[:8], "Kar", "Mar", "##ina", "##co",
-             *SURNAMES, *LOC, *ORG, "Corp", *MISC]
-
-
-def synthetic_sentence(rng):
-    """Filler words with one or two entities (a person with an optional surname, a place, a company with an
-    optional 'Corp', a misc word) inserted between them; tags in IOB2."""
-    chunks = [[(w, "O")] for w in rng.choices(FILLER, k=rng.randint(3, 8))]
-    for _ in range(rng.randint(1, 2)):
-        kind = rng.choice(["PER", "PER", "LOC", "ORG", "MISC"])
-        words = {"PER": [rng.choice(PER)] + ([rng.choice(SURNAMES)] if rng.random() < 0.5 else []),
-                 "LOC": [rng.choice(LOC)], "ORG": [rng.choice(ORG)] + (["Corp"] if rng.random() < 0.5 else []),
-                 "MISC": [rng.choice(MISC)]}[kind]
-        chunks.insert(rng.randrange(len(chunks) + 1), [(w, f"{'I' if i else 'B'}-{kind}") for i, w in enumerate(words)])
-    return [x for chunk in chunks for x in chunk]
-
-
-def to_iob1(sentence):
-    out, previous = [], None
-    for word, tag in sentence:
-        kind = None if tag == "O" else tag[2:]
-        out.append((word, f"I-{kind}" if tag.startswith("B-") and kind != previous else tag))
-        previous = kind
-    return out
-
-
-def write_synthetic(folder: Path, seed=0) -> Path:
-    """train.txt in IOB1 (as the original distribution), valid.txt and test.txt in IOB2; documents of 3-6
-    sentences, longer than the test's windows."""
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "vocab.txt").write_text("\n".join(E2E_VOCAB) + "\n")
-    rng = random.Random(seed)
-    for name, docs, iob1 in (("train.txt", 40, True), ("valid.txt", 20, False), ("test.txt", 10, False)):
-        documents = [[synthetic_sentence(rng) for _ in range(rng.randint(3, 6))] for _ in range(docs)]
-        if iob1:
-            documents = [[to_iob1(s) for s in d] for d in documents]
-        (folder / name).write_text(conll_text(documents))
-    return folder
 
 
 def test_tiny_model_learns_entities_with_document_windows_and_predicts_a_test_file(tmp_path, capsys, report):

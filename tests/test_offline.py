@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from bert_suite.cli import main as cli_main
-from test_glue import write_rte_like
+from helpers import fresh_state, load_recipe, write_rte_like
 
 HUB_MODEL = "no-such-user/bert-offline-test"
 
@@ -151,8 +151,6 @@ def test_hf_hub_offline_is_honoured_no_request_is_sent(case, hub, local, tmp_pat
 
 
 def test_recipe_init_from_the_hub_fails_fast_offline(hub, local, tmp_path):
-    from test_pretrain_recipe import fresh_state, load_recipe
-
     tmp, data = local
     hub(f"http://127.0.0.1:{closed_port()}", offline=False)
     recipe = load_recipe()

@@ -1,25 +1,14 @@
 """The pre-training recipe: config validation, learning, exact resume, and a checkpoint that
 fine-tunes; plus the embedded corpus and the demo task."""
 
-import importlib.util
 import json
-import random
 from pathlib import Path
 
 import pytest
 import torch
 
 from bert_suite.pretraining.config import PretrainConfigError, load_pretrain_config
-
-REPO = Path(__file__).resolve().parents[1]
-
-
-def load_recipe():
-    spec = importlib.util.spec_from_file_location("pretrain_recipe", REPO / "recipes" / "pretrain.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
+from helpers import REPO, fresh_state, load_recipe, recipe_args, write_rte_like
 
 # -------------------------------------------------------------------------------------- config
 
@@ -56,43 +45,6 @@ def test_every_shipped_config_loads_and_overrides_are_typed():
 
 # ------------------------------------------------------------------------------------- recipe
 
-WORDS = "apple berry cherry grape lemon mango olive peach".split()
-
-
-@pytest.fixture(scope="module")
-def pretrain_setup(tmp_path_factory):
-    """A corpus where documents have their own topic words, its vocabulary and NSP instances."""
-    from bert_suite.pretraining.instances import build_pretraining_dataset
-
-    tmp = tmp_path_factory.mktemp("pretrain")
-    rng = random.Random(0)
-    topics = [WORDS[i: i + 3] for i in range(0, 6)]
-    docs = []
-    for d in range(60):
-        topic = topics[d % len(topics)]
-        docs.append("\n".join(" ".join(rng.choice(topic) for _ in range(rng.randint(3, 8))) + " ." for _ in range(6)))
-    (tmp / "corpus.txt").write_text("\n\n".join(docs) + "\n")
-    (tmp / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", ".", *WORDS]) + "\n")
-    for length in (32, 64):
-        build_pretraining_dataset([str(tmp / "corpus.txt")], str(tmp / "vocab.txt"), str(tmp / f"data{length}"),
-                                  max_seq_length=length, dupe_factor=3, fmt="lines")
-    return tmp
-
-
-def recipe_args(setup: Path, out: Path, *extra: str) -> list[str]:
-    return ["train_data=" + str(setup / "data32"), "train_data_phase2=" + str(setup / "data64"),
-            "tokenizer=" + str(setup / "vocab.txt"), "output_dir=" + str(out), "model_size=tiny",
-            "learning_rate=0.003", "warmup_steps=2", "per_device_train_batch_size=16",
-            "per_device_train_batch_size_phase2=8", "report_to=none", "logging_steps=1", "eval_steps=1000",
-            "eval_batches=2", "eval_fraction=0.1", "max_predictions_per_seq=5", "max_predictions_per_seq_phase2=10", *extra]
-
-
-def fresh_state():
-    from accelerate.state import AcceleratorState, GradientState
-
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
-
 
 def test_recipe_learns_and_saves_a_checkpoint_that_fine_tunes(pretrain_setup, tmp_path):
     recipe = load_recipe()
@@ -111,7 +63,6 @@ def test_recipe_learns_and_saves_a_checkpoint_that_fine_tunes(pretrain_setup, tm
 
     # the checkpoint fine-tunes directly
     from bert_suite.cli import main as cli_main
-    from test_glue import write_rte_like
 
     data = write_rte_like(tmp_path / "rte", n_train=300, n_dev=100)
     assert cli_main(["finetune", "rte", "--model", str(final), "--data_dir", str(data), "--output_dir",

@@ -14,9 +14,7 @@ import transformers
 
 from bert_suite import BertSuiteConfig, BertSuiteForSequenceClassification, hub
 from bert_suite.cli import main as cli_main
-from test_glue import run_args, write_rte_like
-from test_hub import online  # noqa: F401 (fixture: HfApi replaced by a recorder)
-from test_pretrain_recipe import fresh_state, load_recipe, pretrain_setup, recipe_args  # noqa: F401 (fixture)
+from helpers import fresh_state, load_recipe, recipe_args, run_args, write_rte_like
 
 REPO = Path(__file__).resolve().parents[1]
 TOKEN = "hf_" + "tOkEn" * 7  # shaped like a user access token
@@ -29,7 +27,7 @@ def files_holding(root: Path, secret: str) -> list[str]:
 
 
 def test_a_hub_token_in_the_environment_appears_in_no_output_and_no_file(
-        online, pretrain_setup, tmp_path, monkeypatch, capfd, caplog):  # noqa: F811 (fixtures imported above)
+        online, pretrain_setup, tmp_path, monkeypatch, capfd, caplog):
     monkeypatch.setenv("HF_TOKEN", TOKEN)
     monkeypatch.setenv("HUGGING_FACE_HUB_TOKEN", TOKEN)
     monkeypatch.setattr(hub, "hub_reachable", lambda timeout=3.0: True)

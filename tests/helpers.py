@@ -1,0 +1,248 @@
+"""What several test modules share: builders of data and arguments, stock-parity constants, the recipe
+loader and the Hub fake. Test modules import these from here and never from one another (test_layout.py
+checks that); shared fixtures are in conftest.py."""
+
+import importlib.util
+import os
+import random
+from pathlib import Path
+
+import torch
+import transformers
+from transformers import BertConfig
+
+from bert_suite import (
+    BertSuiteForMaskedLM,
+    BertSuiteForMultipleChoice,
+    BertSuiteForNextSentencePrediction,
+    BertSuiteForPreTraining,
+    BertSuiteForQuestionAnswering,
+    BertSuiteForSequenceClassification,
+    BertSuiteForTokenClassification,
+    BertSuiteModel,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+# ---------------------------------------------------------------------------------- GLUE-like pair task
+
+WORDS = "apple berry cherry grape lemon mango olive peach".split()
+
+
+def write_rte_like(folder: Path, n_train=600, n_dev=200, seed=0) -> Path:
+    """A learnable pair task in RTE's layout: the label is decided by which half of the
+    vocabulary sentence2's word comes from; sentence1 is noise."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS]) + "\n")
+    rng = random.Random(seed)
+
+    def rows(n, labelled=True):
+        out = []
+        for i in range(n):
+            positive = rng.random() < 0.5
+            s1 = " ".join(rng.sample(WORDS, 3))
+            s2 = rng.choice(WORDS[:4] if positive else WORDS[4:])
+            label = "entailment" if positive else "not_entailment"
+            out.append(f"{i}\t{s1}\t{s2}" + (f"\t{label}" if labelled else ""))
+        return out
+
+    (folder / "train.tsv").write_text("index\tsentence1\tsentence2\tlabel\n" + "\n".join(rows(n_train)) + "\n")
+    (folder / "dev.tsv").write_text("index\tsentence1\tsentence2\tlabel\n" + "\n".join(rows(n_dev)) + "\n")
+    (folder / "test.tsv").write_text("index\tsentence1\tsentence2\n" + "\n".join(rows(50, False)) + "\n")
+    return folder
+
+
+def run_args(data: Path, out: Path, *extra: str) -> list[str]:
+    return ["--model", "preset:tiny", "--tokenizer", str(data / "vocab.txt"), "--data_dir", str(data),
+            "--output_dir", str(out), "--disable_tqdm", "true", *extra]
+
+
+# ---------------------------------------------------------------------------------- CoNLL-like NER data
+
+LABELS = ["O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC", "B-MISC", "I-MISC"]
+
+
+def conll_text(documents, docstart=True) -> str:
+    """documents: [[[(word, tag), ...] per sentence] per document] in the distributed 4-column layout."""
+    lines = []
+    for document in documents:
+        if docstart:
+            lines += ["-DOCSTART- -X- -X- O", ""]
+        for sentence in document:
+            lines += [f"{w} NNP I-NP {t}" for w, t in sentence] + [""]
+    return "\n".join(lines) + "\n"
+
+
+FILLER = "the a met visited in at and said today from works for with near of on was team city report . ,".split()
+PER, SURNAMES = "Alice Bruno Carla Dmitri Elena Farid Greta Hiro Karina Marco".split(), "Smith Novak Okafor".split()
+LOC, ORG, MISC = "Paris Berlin Lagos Quito Oslo Lima".split(), "Acme Globex Initech Umbrella".split(), "Nobel Euro".split()
+# Karina and Marco are split into sub-tokens (Kar ##ina, Mar ##co)
+E2E_VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *FILLER, *PER[:8], "Kar", "Mar", "##ina", "##co",
+             *SURNAMES, *LOC, *ORG, "Corp", *MISC]
+
+
+def synthetic_sentence(rng):
+    """Filler words with one or two entities (a person with an optional surname, a place, a company with an
+    optional 'Corp', a misc word) inserted between them; tags in IOB2."""
+    chunks = [[(w, "O")] for w in rng.choices(FILLER, k=rng.randint(3, 8))]
+    for _ in range(rng.randint(1, 2)):
+        kind = rng.choice(["PER", "PER", "LOC", "ORG", "MISC"])
+        words = {"PER": [rng.choice(PER)] + ([rng.choice(SURNAMES)] if rng.random() < 0.5 else []),
+                 "LOC": [rng.choice(LOC)], "ORG": [rng.choice(ORG)] + (["Corp"] if rng.random() < 0.5 else []),
+                 "MISC": [rng.choice(MISC)]}[kind]
+        chunks.insert(rng.randrange(len(chunks) + 1), [(w, f"{'I' if i else 'B'}-{kind}") for i, w in enumerate(words)])
+    return [x for chunk in chunks for x in chunk]
+
+
+def to_iob1(sentence):
+    out, previous = [], None
+    for word, tag in sentence:
+        kind = None if tag == "O" else tag[2:]
+        out.append((word, f"I-{kind}" if tag.startswith("B-") and kind != previous else tag))
+        previous = kind
+    return out
+
+
+def write_synthetic(folder: Path, seed=0) -> Path:
+    """train.txt in IOB1 (as the original distribution), valid.txt and test.txt in IOB2; documents of 3-6
+    sentences, longer than the test's windows."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "vocab.txt").write_text("\n".join(E2E_VOCAB) + "\n")
+    rng = random.Random(seed)
+    for name, docs, iob1 in (("train.txt", 40, True), ("valid.txt", 20, False), ("test.txt", 10, False)):
+        documents = [[synthetic_sentence(rng) for _ in range(rng.randint(3, 6))] for _ in range(docs)]
+        if iob1:
+            documents = [[to_iob1(s) for s in d] for d in documents]
+        (folder / name).write_text(conll_text(documents))
+    return folder
+
+
+# ---------------------------------------------------------------------------- stock transformers parity
+
+VOCAB = 101
+TOL = 1e-5
+
+STOCK_CONFIG = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                    intermediate_size=37, max_position_embeddings=64)
+
+
+def batch(shape=(3, 11)):
+    """Token ids with padding (rows of length 11, 7, 4), a mask, and both segment ids."""
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(1, VOCAB, shape, generator=g)
+    mask = torch.ones(shape, dtype=torch.long)
+    lengths = [shape[-1], 7, 4]
+    types = torch.zeros(shape, dtype=torch.long)
+    for row, n in enumerate(lengths[: shape[-2]]):
+        mask[..., row, n:] = 0
+        ids[..., row, n:] = 0
+        types[..., row, n // 2 : n] = 1
+    return {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
+
+
+def labels_for(name, inputs):
+    ids = inputs["input_ids"]
+    g = torch.Generator().manual_seed(2)
+    if name in ("ForPreTraining", "ForMaskedLM"):
+        labels = torch.full_like(ids, -100)
+        labels[:, 1] = ids[:, 1]
+        labels[0, 5] = 7
+        out = {"labels": labels}
+        if name == "ForPreTraining":
+            out["next_sentence_label"] = torch.tensor([0, 1, 1])
+        return out
+    if name == "ForNextSentencePrediction":
+        return {"labels": torch.tensor([0, 1, 1])}
+    if name == "ForSequenceClassification":
+        return {"labels": torch.tensor([0, 2, 1])}
+    if name == "ForSequenceRegression":
+        return {"labels": torch.tensor([0.5, 2.0, -1.0])}
+    if name == "ForTokenClassification":
+        labels = torch.randint(0, 3, ids.shape, generator=g)
+        labels[inputs["attention_mask"] == 0] = -100
+        return {"labels": labels}
+    if name == "ForQuestionAnswering":
+        return {"start_positions": torch.tensor([1, 2, 40]), "end_positions": torch.tensor([3, 2, 41])}
+    if name == "ForMultipleChoice":
+        return {"labels": torch.tensor([1, 0, 1])}
+    return {}
+
+
+# name -> (our class, stock class name, extra config, output fields to compare)
+HEADS = {
+    "Model": (BertSuiteModel, "BertModel", {}, ["last_hidden_state", "pooler_output"]),
+    "ForPreTraining": (BertSuiteForPreTraining, "BertForPreTraining", {}, ["prediction_logits", "seq_relationship_logits", "loss"]),
+    "ForMaskedLM": (BertSuiteForMaskedLM, "BertForMaskedLM", {}, ["logits", "loss"]),
+    "ForNextSentencePrediction": (BertSuiteForNextSentencePrediction, "BertForNextSentencePrediction", {}, ["logits", "loss"]),
+    "ForSequenceClassification": (BertSuiteForSequenceClassification, "BertForSequenceClassification", {"num_labels": 3}, ["logits", "loss"]),
+    "ForSequenceRegression": (BertSuiteForSequenceClassification, "BertForSequenceClassification", {"num_labels": 1}, ["logits", "loss"]),
+    "ForQuestionAnswering": (BertSuiteForQuestionAnswering, "BertForQuestionAnswering", {}, ["start_logits", "end_logits", "loss"]),
+    "ForMultipleChoice": (BertSuiteForMultipleChoice, "BertForMultipleChoice", {}, ["logits", "loss"]),
+    "ForTokenClassification": (BertSuiteForTokenClassification, "BertForTokenClassification", {"num_labels": 3}, ["logits", "loss"]),
+}
+
+
+def save_stock(name, folder, bin_weights=False):
+    ours, stock_name, extra, _ = HEADS[name]
+    torch.manual_seed(0)
+    stock = getattr(transformers, stock_name)(BertConfig(**STOCK_CONFIG, **extra)).eval()
+    stock.save_pretrained(folder)
+    if bin_weights:  # the older format: pickled state dict, read back with weights_only=True
+        os.remove(os.path.join(folder, "model.safetensors"))
+        torch.save(stock.state_dict(), os.path.join(folder, "pytorch_model.bin"))
+    return stock
+
+
+def inputs_for(name):
+    if name == "ForMultipleChoice":
+        one = batch()
+        return {k: torch.stack([v, v.roll(1, dims=0)], dim=1) for k, v in one.items()}  # (3, 2, 11)
+    return batch()
+
+
+# ---------------------------------------------------------------------------------- pre-training recipe
+
+
+def load_recipe():
+    spec = importlib.util.spec_from_file_location("pretrain_recipe", REPO / "recipes" / "pretrain.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def recipe_args(setup: Path, out: Path, *extra: str) -> list[str]:
+    return ["train_data=" + str(setup / "data32"), "train_data_phase2=" + str(setup / "data64"),
+            "tokenizer=" + str(setup / "vocab.txt"), "output_dir=" + str(out), "model_size=tiny",
+            "learning_rate=0.003", "warmup_steps=2", "per_device_train_batch_size=16",
+            "per_device_train_batch_size_phase2=8", "report_to=none", "logging_steps=1", "eval_steps=1000",
+            "eval_batches=2", "eval_fraction=0.1", "max_predictions_per_seq=5", "max_predictions_per_seq_phase2=10", *extra]
+
+
+def fresh_state():
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+
+
+# --------------------------------------------------------------------------------------------- Hub fake
+
+
+class FakeApi:
+    """Stands in for huggingface_hub.HfApi and records what push_to_hub asks of it."""
+
+    calls: list = []
+    fail_with: Exception | None = None
+
+    def __init__(self, token=None, **kwargs):
+        FakeApi.calls.append(("init", token))
+
+    def create_repo(self, repo_id, **kwargs):
+        FakeApi.calls.append(("create_repo", repo_id, kwargs))
+        return f"https://huggingface.co/{repo_id}"
+
+    def upload_folder(self, **kwargs):
+        FakeApi.calls.append(("upload_folder", kwargs))
+        if FakeApi.fail_with:
+            raise FakeApi.fail_with
