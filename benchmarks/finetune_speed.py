@@ -109,7 +109,7 @@ def build(task, args, tmp, sides=SIDES) -> SimpleNamespace:
         keys = models["stock"].load_state_dict(models["ours"].state_dict(), strict=False)
         if keys.missing_keys:
             raise RuntimeError(f"stock model: weights missing from ours' state_dict: {keys.missing_keys}")
-    collators = {"ours": runner.collator_for(runner.adapter_for(card), tok), "stock": transformers.default_data_collator}
+    collators = {"ours": runner.adapter_for(card).collator(tok), "stock": transformers.default_data_collator}
     kinds = {"ours": (runner.SuiteTrainer, {}), "stock": (transformers.Trainer, {"train_sampling_strategy": "random"})}
     trainers = {s: kinds[s][0](model=models[s], data_collator=collators[s], processing_class=tok,
                                args=runner.training_arguments(card, f"{tmp}/{task}-{s}",

@@ -17,7 +17,7 @@ import transformers
 import yaml
 from seqeval.metrics.sequence_labeling import precision_recall_fscore_support
 
-from bert_suite.adapters import DataError, ner
+from bert_suite.adapters import DataError, max_context_windows, ner, window_starts
 from bert_suite.cards import SplitSpec, load_card
 from bert_suite.cli import main as cli_main
 from helpers import LABELS, conll_text, write_synthetic
@@ -178,11 +178,11 @@ def test_hub_rows_mark_documents_with_docstart_rows():
 
 def test_windows_and_max_context_on_a_hand_built_case():
     # 10 sub-tokens, windows of 6 starting every 3: [0, 6), [3, 9), [6, 10)
-    assert ner.window_starts(10, 6, 3).tolist() == [0, 3, 6]
-    assert ner.window_starts(6, 6, 3).tolist() == [0] and ner.window_starts(7, 6, 3).tolist() == [0, 3]
+    assert window_starts(10, 6, 3).tolist() == [0, 3, 6]
+    assert window_starts(6, 6, 3).tolist() == [0] and window_starts(7, 6, 3).tolist() == [0, 3]
     # position 4: min(4, 1) = 1 in window 0, min(1, 4) = 1 in window 1 -> tie -> first window
     # position 5: 0 in window 0, 2 in window 1; position 7: 1 in window 1, 1 in window 2 -> window 1
-    assert ner.max_context_windows(np.arange(10), 10, 6, 3).tolist() == [0, 0, 0, 0, 0, 1, 1, 1, 2, 2]
+    assert max_context_windows(np.arange(10), 10, 6, 3).tolist() == [0, 0, 0, 0, 0, 1, 1, 1, 2, 2]
 
 
 def brute_force_windows(length, window, stride):
@@ -208,7 +208,7 @@ def test_max_context_matches_a_brute_force_search():
         stride = rng.randint(1, window)
         positions = np.arange(length)
         expected = [brute_force_best(p, length, window, stride) for p in positions]
-        assert ner.max_context_windows(positions, length, window, stride).tolist() == expected, (window, stride)
+        assert max_context_windows(positions, length, window, stride).tolist() == expected, (window, stride)
 
 
 def test_words_are_tokenised_as_is_split_into_words_does(tok):

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import transformers
 
-from bert_suite.adapters import DataError, squad
+from bert_suite.adapters import DataError, max_context_windows, squad
 from bert_suite.cards import SplitSpec, TaskCard, load_card
 
 WORDS = ("alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november oscar papa "
@@ -156,12 +156,18 @@ def test_answer_cut_by_a_window_boundary_is_labelled_cls_and_unanswerable_is_cls
 def test_max_context_rule(tmp_path, tok):
     # windows [0,6) and [4,10): token 4 has 1 token of context on its short side in the first window and 0 in
     # the second; token 5 the reverse
-    best = squad.max_context_windows([0, 4], 10, 6)
+    def rule(num_tokens, window_length, stride):
+        return max_context_windows(np.arange(num_tokens), num_tokens, window_length, stride, length_bonus=True)
+
+    best = rule(10, 6, 4)
     assert best.tolist() == [0, 0, 0, 0, 0, 1, 1, 1, 1, 1]
     # windows [0,6) and [3,9): token 4 scores min(4, 1) = min(1, 4) in both; the tie goes to the first window
-    assert squad.max_context_windows([0, 3], 9, 6).tolist() == [0, 0, 0, 0, 0, 1, 1, 1, 1]
-    # a longer window wins a tie on context by its 0.01 * length
-    assert squad.max_context_windows([0, 2], 5, 4).tolist() == [0, 0, 0, 1, 1]
+    assert rule(9, 6, 3).tolist() == [0, 0, 0, 0, 0, 1, 1, 1, 1]
+    assert rule(5, 4, 2).tolist() == [0, 0, 0, 1, 1]
+    # windows [0,300) and [150,310): token 225 has 74 tokens of context in the first and 75 in the short second,
+    # but the first's 0.01 * 300 outweighs that (the reference's rule); NER's rule, without it, takes the second
+    assert rule(310, 300, 150)[225] == 0
+    assert max_context_windows([225], 310, 300, 150).tolist() == [1]
 
     context = " ".join(WORDS[:10])
     dataset, _ = squad.read_squad_json(write_squad(tmp_path / "mc.json", [(context, [

@@ -17,9 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .adapters import classification as adapter
+from .adapters import split_file_stem
 from .cards import TaskCard, load_card
 from .io import atomic_write_bytes, atomic_write_text, atomic_write_with
-from .runner import predict, split_file_stem
+from .runner import predict
 
 GLUE_TASKS = ("cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte", "wnli", "ax")
 ZIP_NAME = "glue_submission.zip"

@@ -1,75 +1,85 @@
-"""Task adapters: one module per task family (load, preprocess, postprocess, metrics), and what
-they share."""
+"""Task adapters: one module per task family, each meeting `TaskAdapter`, found through `ADAPTERS`.
 
-import numpy as np
+The runner (runner.py) does everything that is the same for every task: tokenizer, model, Trainer,
+evaluation, prediction files, manifests. An adapter does what differs between families: reading
+the data, encoding it, scoring predictions and writing them in the task's own format. To add a task
+of an existing family, write a card (tasks/*.yaml); to add a family, write a module that meets
+`TaskAdapter`, add it to `ADAPTERS` and to `cards.FAMILIES` (tests/test_architecture.py checks both).
 
+What the adapters share (the data error, split file names, windows and the max-context rule) is in
+`common`; its names are re-exported here."""
 
-class DataError(ValueError):
-    """Input data that cannot be used; the message names the file, the record and the expectation."""
+from __future__ import annotations
 
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-SPLIT_FILE_NAMES = {"validation": "dev", "test": "test"}
+from . import classification, multiple_choice, ner, squad
+from .common import (  # noqa: F401  (re-exported: the adapters' shared API)
+    DataError,
+    family_options,
+    load_hub_split,
+    max_context_windows,
+    num_windows,
+    read_text,
+    split_file_stem,
+    window_starts,
+)
 
-
-def split_file_stem(split: str) -> str:
-    """validation -> dev, validation_matched -> dev_matched, test_mismatched -> test_mismatched."""
-    head, _, tail = split.partition("_")
-    return SPLIT_FILE_NAMES.get(head, head) + (f"_{tail}" if tail else "")
-
-
-def family_options(card, defaults: dict, family: str) -> dict:
-    """The card's `options` over the family's defaults; a key the family does not read is an error
-    naming the card (a typo must not silently fall back to the default)."""
-    unknown = sorted(set(card.options) - set(defaults))
-    if unknown:
-        raise ValueError(f"{card.path}: options.{unknown[0]} is not a {family} option (known: {', '.join(defaults)})")
-    return {**defaults, **card.options}
-
-
-def load_hub_split(card, split: str, local_files: str):
-    """One split of the card's Hub dataset (or its cache) -> (dataset, source name for messages).
-    Any failure, offline included, is one DataError that names the local alternative."""
+if TYPE_CHECKING:
     import datasets
 
-    spec = card.splits[split]
-    if not card.hub or spec.hub is None:
-        raise DataError(f"{card.path}: no Hub source for split {split!r}; pass --data_dir with {local_files}")
-    source = f"{card.hub['path']}" + (f" ({card.hub['name']})" if card.hub.get("name") else "") + f" split {spec.hub}"
+    from ..cards import TaskCard
+
+
+@runtime_checkable
+class TaskAdapter(Protocol):
+    """What the runner calls on a family's module (the module itself is the adapter)."""
+
+    MODEL_CLASS: type
+    """The model class with the family's head (a BertSuiteFor... class)."""
+
+    METRICS_USE_EXAMPLES: bool
+    """True when `metric_fn` reads a split's own examples (SQuAD, NER): the runner then scores only the first
+    dev split per epoch, since Trainer's compute_metrics cannot tell which split it scores."""
+
+    def model_kwargs(self, card: TaskCard) -> dict:
+        """Keyword arguments for the head (num_labels, id2label, ...) taken from the card."""
+
+    def load_split(self, card: TaskCard, split: str, data_dir: str | Path | None = None,
+                   skip_bad_rows: bool = False) -> datasets.Dataset:
+        """One split as raw examples, from --data_dir files or the card's Hub dataset; bad input is a DataError."""
+
+    def preprocess(self, dataset: datasets.Dataset, card: TaskCard, tokenizer, max_seq_length: int,
+                   train: bool) -> datasets.Dataset:
+        """Raw examples -> model features (input_ids, ..., labels); `train` drops what only evaluation needs."""
+
+    def collator(self, tokenizer):
+        """The batch collator for the features (padding per batch)."""
+
+    def metric_fn(self, card: TaskCard, examples, features):
+        """A compute_metrics function for Trainer, scoring one split's predictions with the card's metric."""
+
+    def output_path(self, directory: Path, card: TaskCard, split: str) -> Path:
+        """The main prediction file that `write_outputs` writes for a split (what `predict` returns)."""
+
+    def write_outputs(self, directory: Path, card: TaskCard, split: str, examples, features, predictions,
+                      settings: dict) -> dict:
+        """Write the split's prediction files; return settings chosen on dev (e.g. SQuAD v2's null threshold),
+        which `settings` passes back in when predicting other splits or new data."""
+
+
+ADAPTERS: dict[str, TaskAdapter] = {
+    "classification": classification,
+    "squad": squad,
+    "multiple_choice": multiple_choice,
+    "ner": ner,
+}
+
+
+def adapter_for(family: str) -> TaskAdapter:
+    """The adapter of a family; an unknown family is an error listing the known ones."""
     try:
-        dataset = datasets.load_dataset(card.hub["path"], card.hub.get("name"), split=spec.hub)
-    except Exception as err:  # any network/cache failure: say what to do instead
-        raise DataError(f"could not load {source} from the Hub or its cache ({type(err).__name__}: "
-                        f"{str(err)[:200]}); pass --data_dir with {local_files} instead") from None
-    return dataset, source
-
-
-def read_text(path, expected: str) -> str:
-    """A data file's text (UTF-8, a BOM allowed). A missing file or bytes that are not UTF-8 are
-    one DataError naming the file (and the line of the first bad byte), and what was expected."""
-    from pathlib import Path
-
-    path = Path(path)
-    if not path.is_file():
-        raise DataError(f"{path}: file not found; expected {expected}")
-    raw = path.read_bytes()
-    try:
-        return raw.decode("utf-8-sig")
-    except UnicodeDecodeError as err:
-        line_no = raw[: err.start].count(b"\n") + 1
-        raise DataError(f"{path}:{line_no}: not valid UTF-8 ({err.reason} at byte {err.start}); expected {expected} "
-                        "in UTF-8") from None
-
-
-# Windows over a long sequence, shared by SQuAD (contexts) and NER (documents).
-def num_windows(num_tokens, window_length: int, stride: int):
-    """Number of windows over sequences of `num_tokens` sub-tokens (scalar or array): starts 0, stride,
-    2*stride, ... up to the first window that reaches the last sub-token (one window for an empty sequence)."""
-    if window_length < 1 or not 1 <= stride <= window_length:
-        raise ValueError(f"window length {window_length} and stride {stride}: need 1 <= stride <= window length")
-    excess = np.maximum(np.asarray(num_tokens, dtype=np.int64) - window_length, 0)
-    return 1 + (excess + stride - 1) // stride
-
-
-def window_starts(num_tokens: int, window_length: int, stride: int) -> np.ndarray:
-    """Start of each window over one sequence; window k covers [k*stride, min(k*stride + window_length, n))."""
-    return stride * np.arange(int(num_windows(num_tokens, window_length, stride)), dtype=np.int64)
+        return ADAPTERS[family]
+    except KeyError:
+        raise ValueError(f"no task adapter for family {family!r}; known families: {', '.join(ADAPTERS)}") from None

@@ -11,13 +11,15 @@ from pathlib import Path
 
 import datasets
 import numpy as np
+from transformers import DataCollatorWithPadding
 
 from ..cards import TaskCard
 from ..io import atomic_write_text
 from ..metrics import glue_metrics
 from ..modeling_bert_suite import BertSuiteForSequenceClassification
-from . import DataError, load_hub_split, read_text, split_file_stem
+from .common import DataError, load_hub_split, read_text, split_file_stem
 
+METRICS_USE_EXAMPLES = False  # metric_fn needs the predictions and labels only
 MODEL_CLASS = BertSuiteForSequenceClassification
 
 
@@ -152,6 +154,11 @@ def label_strings(card: TaskCard, predictions: np.ndarray) -> list[str]:
 
 def compute_metrics(card: TaskCard, predictions: np.ndarray, references: np.ndarray) -> dict[str, float]:
     return glue_metrics(card.metric, predictions, references)
+
+
+def collator(tokenizer) -> DataCollatorWithPadding:
+    """Dynamic padding to the longest sequence of each batch."""
+    return DataCollatorWithPadding(tokenizer)
 
 
 def metric_fn(card: TaskCard, examples=None, features=None):

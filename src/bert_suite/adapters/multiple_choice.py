@@ -35,8 +35,9 @@ import numpy as np
 from ..cards import TaskCard
 from ..io import atomic_write_text
 from ..modeling_bert_suite import BertSuiteForMultipleChoice
-from . import DataError, family_options, load_hub_split, read_text, split_file_stem
+from .common import DataError, family_options, load_hub_split, read_text, split_file_stem
 
+METRICS_USE_EXAMPLES = False  # metric_fn needs the predictions and labels only
 MODEL_CLASS = BertSuiteForMultipleChoice
 DEFAULT_ENDINGS = ["ending0", "ending1", "ending2", "ending3"]
 INPUT_KEYS = ("input_ids", "token_type_ids", "attention_mask")

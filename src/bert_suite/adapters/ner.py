@@ -18,7 +18,7 @@ windows of max_seq_length - 2 sub-tokens starting every half window; with `conte
 cut alone the same way (a sentence longer than a window gets several windows, never truncated). Each window is
 `[CLS] sub-tokens [SEP]`, token_type_ids 0. Every word is predicted from the window where it has the most
 context: the largest min(sub-tokens to the left, sub-tokens to the right) of its first sub-token, ties to the
-first window (`max_context_windows`). Since the windows cover every sub-token, every word's first sub-token
+first window (`common.max_context_windows`, without SQuAD's length bonus). Since the windows cover every sub-token, every word's first sub-token
 lies in some window: no word is ever dropped.
 
 `labels`: the word's tag on its first sub-token in its max-context window, -100 elsewhere (other sub-tokens,
@@ -52,14 +52,14 @@ from ..cards import TaskCard
 from ..io import atomic_write_text
 from ..metrics.ner import ner_scores  # noqa: F401  (part of this module's API: the feature-based route)
 from ..modeling_bert_suite import BertSuiteForTokenClassification
-from . import (
+from .common import (
     DataError,
     family_options,
     load_hub_split,
+    max_context_windows,
     num_windows,
     read_text,
     split_file_stem,
-    window_starts,  # noqa: F401  (part of this module's API, shared with SQuAD)
 )
 
 METRICS_USE_EXAMPLES = True  # metric_fn reads the split's examples (see runner.train_and_evaluate)
@@ -434,33 +434,6 @@ def default_stride(window_length: int) -> int:
     return max(1, window_length // 2)
 
 
-def max_context_windows(positions, num_tokens, window_length: int, stride: int) -> np.ndarray:
-    """For each sub-token position (in a sequence of `num_tokens`, scalar or one per position), the index of
-    the window where it has the most context: the largest min(sub-tokens left of it, sub-tokens right of it)
-    within the window, ties to the first window. Linear: a position lies in at most
-    ceil(window_length / stride) windows, which are tried in turn for all positions at once."""
-    p = np.asarray(positions, dtype=np.int64)
-    total = np.broadcast_to(np.asarray(num_tokens, dtype=np.int64), p.shape)
-    if p.size and ((p < 0).any() or (p >= total).any()):
-        raise ValueError("positions must lie inside their sequences")
-    count = num_windows(total, window_length, stride)
-    low = np.maximum(0, -(-(p - window_length + 1) // stride))  # first window holding p: ceil((p-L+1)/S)
-    high = np.minimum(count - 1, p // stride)  # last window holding p
-    best = low.copy()
-    best_score = np.full(p.shape, -1, dtype=np.int64)
-    for j in range((window_length - 1) // stride + 1):
-        k = low + j
-        start = k * stride
-        end = np.minimum(start + window_length, total)  # exclusive
-        score = np.minimum(p - start, end - 1 - p)
-        better = (k <= high) & (score > best_score)
-        best = np.where(better, k, best)
-        best_score = np.where(better, score, best_score)
-    if (best_score < 0).any():  # cannot happen: the windows cover every position
-        raise AssertionError("a position lies in no window")
-    return best
-
-
 def _exclusive_cumsum(values: np.ndarray) -> np.ndarray:
     out = np.zeros(len(values), dtype=np.int64)
     np.cumsum(values[:-1], out=out[1:])
@@ -524,7 +497,11 @@ def encode_windows(sentences: Sequence[Sequence[str]], groups: Sequence[int] | n
 def _encode(words: list[str], sentence_lengths: np.ndarray, groups, tokenizer, max_seq_length: int,
             word_tag: np.ndarray | None, *, stride: int | None, label_all_subtokens: bool,
             continuation: Sequence[int] | None, mapping: bool, drop_unlabelled: bool) -> pa.Table:
-    """encode_windows on flat words (and flat tag ids) with the number of words of each sentence."""
+    """encode_windows on flat words (and flat tag ids) with the number of words of each sentence.
+
+    All work is on flat arrays, no Python loop over words or windows. Shapes below: S sentences, W words,
+    T sub-tokens of all words (the stream), U units (runs of sentences encoded together), F features
+    (windows), B window sub-tokens over all features, N = B + 2F tokens with [CLS] and [SEP]."""
     window_length = max_seq_length - 2
     if window_length < 1:
         raise ValueError(f"max_seq_length {max_seq_length} leaves no room for sub-tokens between [CLS] and [SEP]")
@@ -537,22 +514,26 @@ def _encode(words: list[str], sentence_lengths: np.ndarray, groups, tokenizer, m
         raise ValueError(f"{len(groups)} group ids and {len(words)} words for {num_sentences} sentences of "
                          f"{num_words} words")
 
+    # 1. Words -> sub-tokens: subtokens [W] (count per word), stream [T] (their ids, in order).
     subtokens, stream = word_subtokens(tokenizer, words)
-    word_start = _exclusive_cumsum(subtokens)  # first sub-token of each word in the whole stream
-    word_sentence = np.repeat(np.arange(num_sentences, dtype=np.int64), sentence_lengths)
+    word_start = _exclusive_cumsum(subtokens)  # [W] first sub-token of each word in the whole stream
+    word_sentence = np.repeat(np.arange(num_sentences, dtype=np.int64), sentence_lengths)  # [W]
     word_index = np.arange(num_words, dtype=np.int64) - np.repeat(_exclusive_cumsum(sentence_lengths),
-                                                                   sentence_lengths)
+                                                                   sentence_lengths)  # [W] index in its sentence
 
-    # Units: runs of sentences with one group id, each encoded as one sequence of sub-tokens.
+    # 2. Units: runs of sentences with one group id (a document, or one sentence), each encoded as one
+    #    sequence of sub-tokens; every word's max-context window within its unit.
     new_unit = np.ones(num_sentences, dtype=bool)
     new_unit[1:] = groups[1:] != groups[:-1]
     sentence_unit = np.cumsum(new_unit) - 1
     word_unit = sentence_unit[word_sentence]
     unit_first_word = np.flatnonzero(new_unit[word_sentence] & (word_index == 0))
-    unit_start = word_start[unit_first_word]
-    unit_length = np.diff(np.append(unit_start, len(stream)))
-    position = word_start - unit_start[word_unit]  # first sub-token of each word within its unit
-    best_window = max_context_windows(position, unit_length[word_unit], window_length, stride)
+    unit_start = word_start[unit_first_word]  # [U] in the stream
+    unit_length = np.diff(np.append(unit_start, len(stream)))  # [U] sub-tokens
+    position = word_start - unit_start[word_unit]  # [W] first sub-token of each word within its unit
+    best_window = max_context_windows(position, unit_length[word_unit], window_length, stride)  # [W] in its unit
+
+    # 3. Features: window k of unit u covers the unit's sub-tokens [k * stride, k * stride + feature_length).
 
     windows_per_unit = num_windows(unit_length, window_length, stride)
     unit_first_feature = _exclusive_cumsum(windows_per_unit)
@@ -560,10 +541,11 @@ def _encode(words: list[str], sentence_lengths: np.ndarray, groups, tokenizer, m
     feature_unit = np.repeat(np.arange(len(unit_start), dtype=np.int64), windows_per_unit)
     feature_k = np.arange(num_features, dtype=np.int64) - unit_first_feature[feature_unit]
     feature_begin = feature_k * stride  # within the unit
-    feature_length = np.minimum(window_length, unit_length[feature_unit] - feature_begin)
-    word_feature = unit_first_feature[word_unit] + best_window
+    feature_length = np.minimum(window_length, unit_length[feature_unit] - feature_begin)  # [F]
+    word_feature = unit_first_feature[word_unit] + best_window  # [W] the feature that predicts each word
 
-    # input_ids: [CLS] window [SEP], all features in one flat array.
+    # 4. input_ids: [CLS] window [SEP] for all features in one flat array [N]; body_* [B] map each window
+    #    sub-token to its place in that array (target) and in the stream (source).
     sequence_length = feature_length + 2
     sequence_offset = _exclusive_cumsum(sequence_length)
     within = np.arange(int(feature_length.sum()), dtype=np.int64) - np.repeat(_exclusive_cumsum(feature_length),
@@ -582,6 +564,7 @@ def _encode(words: list[str], sentence_lengths: np.ndarray, groups, tokenizer, m
         "attention_mask": _list_array(sequence_length, np.ones(total, dtype=np.int8)),
     }
     keep = np.ones(num_features, dtype=bool)
+    # 5. Labels [N]: a word's tag on its first sub-token, only in the feature that predicts it; -100 elsewhere.
     if word_tag is not None:
         token_label = np.full(len(stream), IGNORE_INDEX, dtype=np.int64)
         if label_all_subtokens:
@@ -595,6 +578,8 @@ def _encode(words: list[str], sentence_lengths: np.ndarray, groups, tokenizer, m
         columns["labels"] = _list_array(sequence_length, labels)
         if drop_unlabelled:
             keep = np.bincount(body_feature[body_label != IGNORE_INDEX], minlength=num_features) > 0
+    # 6. Mapping (evaluation): for each feature, the words whose first sub-token it holds, with their position
+    #    in the sequence and whether this is the word's max-context feature (see word_predictions).
     if mapping:
         # Every window holding a word's first sub-token: the same candidates max_context_windows tried.
         low = np.maximum(0, -(-(position - window_length + 1) // stride))

@@ -30,13 +30,14 @@ from typing import Any
 import datasets
 import numpy as np
 import pyarrow as pa
+from transformers import DataCollatorWithPadding
 
 from ..cards import TaskCard
 from ..io import atomic_write_text
 from ..metrics import squad as scorer
 from ..modeling_bert_suite import BertSuiteForQuestionAnswering
-from . import DataError, family_options, load_hub_split, read_text, split_file_stem
-from . import window_starts as shared_window_starts
+from .common import DataError, family_options, load_hub_split, max_context_windows, read_text, split_file_stem
+from .common import window_starts as shared_window_starts
 
 METRICS_USE_EXAMPLES = True  # metric_fn reads the split's examples (see runner.train_and_evaluate)
 MODEL_CLASS = BertSuiteForQuestionAnswering
@@ -255,19 +256,6 @@ def window_starts(num_tokens: int, window_length: int, doc_stride: int) -> list[
     return shared_window_starts(num_tokens, window_length, min(window_length, doc_stride)).tolist()
 
 
-def max_context_windows(starts: list[int], num_tokens: int, window_length: int) -> np.ndarray:
-    """For each context token, the index of the window where it has the most context: score
-    min(tokens to its left, tokens to its right in that window) + 0.01 * window length; ties go to the first."""
-    if len(starts) == 1:
-        return np.zeros(num_tokens, dtype=np.int64)
-    begin = np.asarray(starts, dtype=np.int64)[:, None]
-    length = np.minimum(window_length, num_tokens - begin)
-    position = np.arange(num_tokens, dtype=np.int64)[None, :]
-    inside = (position >= begin) & (position < begin + length)
-    score = np.minimum(position - begin, begin + length - 1 - position) + 0.01 * length
-    return np.where(inside, score, -np.inf).argmax(axis=0)  # argmax: first window on ties
-
-
 def answer_token_span(token_starts: np.ndarray, token_ends: np.ndarray, char_start: int,
                       char_end: int) -> tuple[int, int] | None:
     """Context token indices (inclusive) covering characters [char_start, char_end): from the token containing
@@ -366,7 +354,8 @@ def _encode_batch(batch: dict[str, list], tokenizer, max_seq_length: int, doc_st
             span = answer_token_span(context_offsets[:, 0], context_offsets[:, 1], *answer)
         window_length = max_seq_length - len(question) - 3
         starts = window_starts(num_tokens, window_length, doc_stride)
-        best_window = None if train else max_context_windows(starts, num_tokens, window_length)
+        best_window = None if train else max_context_windows(  # the window each token is read from
+            np.arange(num_tokens), num_tokens, window_length, min(window_length, doc_stride), length_bonus=True)
         prefix = [cls_id, *question, sep_id]
         shift = len(prefix)  # position of the window's first token in the sequence
         for w, begin in enumerate(starts):
@@ -448,8 +437,9 @@ def postprocess(examples: Any, features: Any, start_logits: np.ndarray, end_logi
     except KeyError as err:
         raise ValueError(f"feature of question {err.args[0]!r}, which is not among the examples") from None
 
-    # Per-feature token tables padded to the logits' width: character offsets (-1: not a context token) and the
-    # max-context flags, scattered from the flat Arrow values in one step.
+    # Shapes: F features, L = width (padded length), Q questions, K = min(n_best_size, L), C candidate spans.
+    # 1. Per-feature token tables [F, L] padded to the logits' width: character offsets (-1: not a context
+    #    token) and the max-context flags, scattered from the flat Arrow values in one step.
     offset_column = _list_column(features, "offset_mapping")
     lengths = _row_lengths(offset_column)
     if num_features and lengths.max(initial=0) > width:
@@ -464,6 +454,8 @@ def postprocess(examples: Any, features: Any, start_logits: np.ndarray, end_logi
     max_context[valid] = flags.astype(bool)
     in_context = char_start >= 0
 
+    # 2. Candidates: the K best starts x the K best ends of each feature [F, K, K], kept when both lie in the
+    #    context, the span is short enough, and its start is read from its max-context window.
     masked_start = np.where(valid, start_logits, -np.inf)
     masked_end = np.where(valid, end_logits, -np.inf)
     k = max(1, min(n_best_size, width))
@@ -474,15 +466,18 @@ def postprocess(examples: Any, features: Any, start_logits: np.ndarray, end_logi
     e = top_end[:, None, :]
     ok = (in_context[rows, s] & in_context[rows, e] & (e >= s) & (e - s + 1 <= max_answer_length)
           & max_context[rows, s])
-    feature, a, b = np.nonzero(ok)
+    feature, a, b = np.nonzero(ok)  # [C] each
     cand_start, cand_end = top_start[feature, a], top_end[feature, b]
     cand_score = masked_start[feature, cand_start] + masked_end[feature, cand_end]
     cand_example = feature_example[feature]
+    # 3. Pool the candidates of all windows of a question: sort by question, then best score first; the
+    #    candidates of question i are then [bounds[i], bounds[i + 1]).
     order = np.lexsort((-cand_score, cand_example))  # by question, then best score first (stable on ties)
     feature, cand_start, cand_end = feature[order], cand_start[order], cand_end[order]
     cand_example, cand_score = cand_example[order], cand_score[order]
     bounds = np.searchsorted(cand_example, np.arange(len(example_ids) + 1))
 
+    # 4. v2: each question's null score comes from its feature with the lowest start[CLS] + end[CLS].
     if version_2 and num_features:
         null_scores = start_logits[:, 0] + end_logits[:, 0]
         by_null = np.lexsort((null_scores, feature_example))  # per question, the feature with the lowest null first
@@ -492,6 +487,7 @@ def postprocess(examples: Any, features: Any, start_logits: np.ndarray, end_logi
     else:
         null_feature = {}
 
+    # 5. Per question: the n-best texts, the null entry at its rank (v2), the threshold, the probabilities.
     predictions, nbest, best_non_null, null_odds = {}, {}, {}, {}
     for i, qid in enumerate(example_ids):
         lo, hi = int(bounds[i]), int(bounds[i + 1])
@@ -587,6 +583,11 @@ def _result(card: TaskCard, examples, features, predictions, threshold: float = 
     start, end = _logits(predictions)
     return postprocess(examples, features, start, end, int(options["n_best_size"]), int(options["max_answer_length"]),
                        bool(options["version_2_with_negative"]), threshold)
+
+
+def collator(tokenizer) -> DataCollatorWithPadding:
+    """Dynamic padding to the longest window of each batch (evaluation-only columns are dropped by Trainer)."""
+    return DataCollatorWithPadding(tokenizer)
 
 
 def metric_fn(card: TaskCard, examples, features):
