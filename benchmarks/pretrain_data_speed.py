@@ -29,7 +29,8 @@ def corpus_files(data: Path) -> list[Path]:
 
 def floor(files: list[Path], tokenizer) -> tuple[float, int, int]:
     """(seconds, sentences, tokens) to read, split and batch-tokenise the corpus."""
-    from bert_suite.pretraining.instances import TOKENIZE_BATCH, iter_documents
+    from bert_suite.pretraining.instances import TOKENIZE_BATCH
+    from bert_suite.pretraining.text_files import iter_documents
 
     start = time.perf_counter()
     sentences = tokens = 0
@@ -76,7 +77,7 @@ def main() -> int:
 
     import datasets
 
-    from bert_suite.pretraining.tokenizer import load_pretraining_tokenizer
+    from bert_suite.tokenization import load_pretraining_tokenizer
 
     datasets.disable_progress_bars()
     tokenizer = load_pretraining_tokenizer(str(vocab))

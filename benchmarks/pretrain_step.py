@@ -129,7 +129,7 @@ def memory_child(args) -> None:
     batches come from a file, so that building them does not set the peak."""
     import torch
 
-    from bert_suite.pretraining.tokenizer import load_pretraining_tokenizer
+    from bert_suite.tokenization import load_pretraining_tokenizer
 
     batches = torch.load(args.batches)
     _, ours, stock = build_models(args.presets[0], len(load_pretraining_tokenizer(str(args.vocab))),
@@ -187,7 +187,7 @@ def main(argv=None) -> dict:
     import torch
     import transformers
 
-    from bert_suite.pretraining.tokenizer import load_pretraining_tokenizer
+    from bert_suite.tokenization import load_pretraining_tokenizer
 
     transformers.logging.set_verbosity_error()
     if args.memory_child:

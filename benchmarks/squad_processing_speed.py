@@ -56,7 +56,7 @@ def main() -> int:
     from bert_suite.configuration_bert_suite import BertSuiteConfig
     from bert_suite.metrics import squad as scorer
     from bert_suite.modeling_bert_suite import BertSuiteForQuestionAnswering
-    from bert_suite.runner import wordpiece_tokenizer
+    from bert_suite.tokenization import wordpiece_tokenizer
 
     datasets.disable_caching()
     datasets.disable_progress_bars()

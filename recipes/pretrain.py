@@ -41,7 +41,7 @@ from bert_suite.pretraining.checkpoints import (
 )
 from bert_suite.pretraining.config import load_pretrain_config
 from bert_suite.pretraining.masking import MaskingCollator
-from bert_suite.pretraining.tokenizer import load_pretraining_tokenizer
+from bert_suite.tokenization import load_pretraining_tokenizer
 
 COLUMNS = ("input_ids", "token_type_ids", "next_sentence_label")
 

@@ -10,15 +10,10 @@ import pytest
 from datasets import load_from_disk
 from transformers import AutoTokenizer
 
-from bert_suite.pretraining.instances import (
-    build_pretraining_dataset,
-    detect_format,
-    format_stats,
-    iter_documents,
-    split_sentences,
-    truncated_lengths,
-)
-from bert_suite.pretraining.tokenizer import SPECIAL_TOKENS, load_pretraining_tokenizer, train_tokenizer
+from bert_suite.pretraining.instances import build_pretraining_dataset, format_stats, truncated_lengths
+from bert_suite.pretraining.text_files import detect_format, iter_documents, split_sentences
+from bert_suite.pretraining.tokenizer import train_tokenizer
+from bert_suite.tokenization import SPECIAL_TOKENS, load_pretraining_tokenizer
 
 IGNORE = -100
 

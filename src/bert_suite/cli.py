@@ -57,16 +57,19 @@ def _training_overrides(rest: list[str]) -> dict:
 
 
 # Flags whose values are checked before anything is read: name -> smallest allowed value.
-_FLAG_MINIMUMS = {"max_seq_length": 8, "batch_size": 1, "hidden": 1, "num_proc": 1, "max_steps": 1}
+_FLAG_MINIMUMS = {"batch_size": 1, "hidden": 1, "num_proc": 1, "max_steps": 1}
 
 
 def _check_flags(args: argparse.Namespace) -> None:
     """Values no command can use, named by their flag (the commands check the rest)."""
+    from .tokenization import check_max_seq_length
+
+    if getattr(args, "max_seq_length", None) is not None:
+        check_max_seq_length(args.max_seq_length, "--max_seq_length")
     for name, least in _FLAG_MINIMUMS.items():
         value = getattr(args, name, None)
         if isinstance(value, int) and value < least:
-            why = " (room for [CLS] A [SEP] B [SEP])" if name == "max_seq_length" else ""
-            raise ValueError(f"--{name} must be at least {least}{why}, got {value}")
+            raise ValueError(f"--{name} must be at least {least}, got {value}")
     if args.command == "feature-ner" and args.epochs < 1:
         raise ValueError(f"--epochs must be at least 1, got {args.epochs}")
 

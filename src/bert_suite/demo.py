@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from .io import atomic_write_text
-from .pretraining.instances import iter_documents
+from .pretraining.text_files import iter_documents
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -92,7 +92,8 @@ def extract_features(model: str, input_path: str | Path, output_dir: str | Path,
     from .adapters import ner
     from .cards import load_card
     from .modeling_bert_suite import BertSuiteModel
-    from .runner import RunError, check_checkpoint_folder, load_tokenizer, model_load_error
+    from .runner import RunError, check_checkpoint_folder, model_load_error
+    from .tokenization import load_tokenizer
 
     if pool not in POOLS:
         raise FeatureError(f"--pool must be one of {', '.join(POOLS)}, got {pool!r}")

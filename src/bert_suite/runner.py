@@ -1,12 +1,8 @@
 """One fine-tuning run: task card + model + hyper-parameters -> Trainer -> dev metrics, prediction
 files, a manifest. `finetune`, `grid` and `predict` all go through here, for every task family.
 
-A family's adapter module (adapters/<family>.py) provides what differs between families:
-MODEL_CLASS, model_kwargs(card), load_split, preprocess(..., train), metric_fn(card, examples,
-features), output_path, write_outputs(directory, card, split, examples, features, predictions,
-settings), and optionally collator(tokenizer) (default: dynamic padding). write_outputs
-returns settings to keep beside the checkpoint (e.g. SQuAD v2's null threshold, chosen on dev and
-applied by `predict`).
+What differs between task families (reading, encoding, scoring, prediction files) is in the family's
+adapter, looked up in `adapters.ADAPTERS`; the contract it meets is `adapters.TaskAdapter`.
 
 Speed (benchmarks/RESULTS.md, "Performance"): `SuiteTrainer` evaluates and predicts in batches of
 examples sorted by length and returns every output in the dataset's order, and trains on batches
@@ -16,7 +12,6 @@ with the model's unpadded dense layers, little work is spent on padding."""
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import json
 import os
 import pickle
@@ -30,13 +25,14 @@ import datasets
 import numpy as np
 import torch
 import transformers
-from transformers import AutoTokenizer, DataCollatorWithPadding, Trainer, TrainingArguments
+from transformers import Trainer, TrainingArguments
 
-from . import __version__
-from .adapters import split_file_stem  # noqa: F401  (re-exported for glue_package)
+from . import __version__, adapters
+from .adapters import TaskAdapter
 from .cards import TaskCard
 from .configuration_bert_suite import BertSuiteConfig
 from .io import atomic_write_text
+from .tokenization import check_max_seq_length, load_tokenizer
 
 TASK_SETTINGS_FILE = "bert_suite_task.json"  # settings chosen on dev, kept with the checkpoint
 
@@ -149,18 +145,15 @@ class SuiteTrainer(Trainer):
                             label_ids=_reorder(out.label_ids, self._eval_inverse))
 
 
-def adapter_for(card: TaskCard):
-    """The adapter module of the card's family."""
-    return importlib.import_module(f".adapters.{card.family}", __package__)
+def adapter_for(card: TaskCard) -> TaskAdapter:
+    """The adapter of the card's family."""
+    try:
+        return adapters.adapter_for(card.family)
+    except ValueError as err:
+        raise RunError(f"{card.path}: {err}") from None
 
 
 LABEL_COLUMNS = ("label", "labels", "start_positions", "end_positions")  # removed before predicting new data
-
-
-def collator_for(adapter, tokenizer):
-    """The family's batch collator, or dynamic padding to the longest sequence of the batch."""
-    make = getattr(adapter, "collator", None)
-    return make(tokenizer) if make else DataCollatorWithPadding(tokenizer)
 
 
 def load_task_settings(model: str) -> dict:
@@ -185,35 +178,6 @@ class Prepared:
     fingerprints: dict[str, str] = field(default_factory=dict)
 
 
-def load_tokenizer(model: str, tokenizer: str | None = None):
-    source = tokenizer or model
-    if source.startswith("preset:"):
-        raise RunError(f"--model {model} starts from random weights and needs --tokenizer (a folder or vocab.txt)")
-    path = Path(source)
-    if path.is_dir() and (path / "vocab.txt").is_file() and not (path / "tokenizer_config.json").is_file():
-        path = path / "vocab.txt"  # a released BERT folder: vocab.txt (+ bert_config.json) only
-    if path.suffix == ".txt" and path.is_file():
-        from .pretraining.tokenizer import load_pretraining_tokenizer
-
-        try:  # checks the special tokens: a missing one would be appended past the model's embeddings
-            return load_pretraining_tokenizer(str(path))
-        except ValueError as err:
-            raise RunError(str(err)) from None
-    try:
-        return AutoTokenizer.from_pretrained(source)
-    except (OSError, ValueError) as err:
-        raise RunError(f"cannot load a tokenizer from {source!r} ({str(err).splitlines()[0][:200]}); offline, pass "
-                       "a local checkpoint folder with --model, or a vocab.txt / tokenizer folder with --tokenizer") from None
-
-
-def wordpiece_tokenizer(vocab_file: Path):
-    """A BERT tokenizer over a bare vocab.txt; lower-cases when the vocabulary has no capitals
-    (as the released uncased vocabularies)."""
-    tokens = vocab_file.read_text(encoding="utf-8").splitlines()
-    cased = sum(t[:1].isascii() and t[:1].isupper() for t in tokens) > 10
-    return transformers.BertTokenizer(vocab=str(vocab_file), do_lower_case=not cased)
-
-
 def prepare(card: TaskCard, model: str, data_dir: str | None = None, tokenizer: str | None = None,
             max_seq_length: int | None = None, splits: list[str] | None = None,
             skip_bad_rows: bool = False, predicting: bool = False) -> Prepared:
@@ -221,9 +185,7 @@ def prepare(card: TaskCard, model: str, data_dir: str | None = None, tokenizer: 
     in the order of the checkpoint's id2label (see `labels_of_checkpoint`)."""
     card = labels_of_checkpoint(card, model, strict=predicting)
     tok = load_tokenizer(model, tokenizer)
-    max_len = int(max_seq_length or card.defaults.get("max_seq_length", 128))
-    if max_len < 8:
-        raise RunError(f"max_seq_length must be at least 8, got {max_len}")
+    max_len = check_max_seq_length(int(max_seq_length or card.defaults.get("max_seq_length", 128)))
     if splits is None:
         splits = [s for s in [card.train_split, *card.eval_splits] if s]
     adapter = adapter_for(card)
@@ -304,13 +266,13 @@ def train_and_evaluate(prepared: Prepared, model_name: str, args: TrainingArgume
     first = card.eval_splits[0]
     # compute_metrics cannot tell which split it scores; families whose metrics read the split's own
     # examples (SQuAD, NER) evaluate the first split per epoch and every split at the end.
-    per_epoch = evals if len(evals) == 1 or not getattr(adapter, "METRICS_USE_EXAMPLES", False) else {first: evals[first]}
+    per_epoch = evals if len(evals) == 1 or not adapter.METRICS_USE_EXAMPLES else {first: evals[first]}
     trainer = SuiteTrainer(
         model=model,
         args=args,
         train_dataset=prepared.encoded[card.train_split],
         eval_dataset=next(iter(per_epoch.values())) if len(per_epoch) == 1 else per_epoch,
-        data_collator=collator_for(adapter, prepared.tokenizer),
+        data_collator=adapter.collator(prepared.tokenizer),
         processing_class=prepared.tokenizer,
         compute_metrics=adapter.metric_fn(card, prepared.raw[first], prepared.encoded[first]),
     )
@@ -355,7 +317,7 @@ def predict(card: TaskCard, model: str, split: str, data_dir: str | None, output
     card = prepared.card  # its labels in the checkpoint's order
     net = load_model(card, model, prepared.max_seq_length)
     args = TrainingArguments(output_dir=output_dir, per_device_eval_batch_size=batch_size, report_to="none")
-    trainer = SuiteTrainer(model=net, args=args, data_collator=collator_for(adapter, prepared.tokenizer))
+    trainer = SuiteTrainer(model=net, args=args, data_collator=adapter.collator(prepared.tokenizer))
     data = prepared.encoded[split]
     labels = [c for c in LABEL_COLUMNS if c in data.column_names]
     result = trainer.predict(data.remove_columns(labels))

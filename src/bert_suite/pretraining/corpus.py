@@ -20,7 +20,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from .instances import split_sentences
+from .text_files import split_sentences
 
 _SKIP_PARTS = {"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__", "lib2to3", "turtledemo"}
 _CODE_LINE = re.compile(r"^\s*(>>>|\.\.\.|\.\. |:[a-z]+:|[-=~^*]{3,}\s*$)")
