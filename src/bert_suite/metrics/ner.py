@@ -17,8 +17,7 @@ def ner_scores(gold_tags: list[list[str]], predicted_tags: list[list[str]]) -> d
     if len(gold_tags) != len(predicted_tags) or any(len(g) != len(p) for g, p in zip(gold_tags, predicted_tags,
                                                                                    strict=True)):
         raise ValueError("gold and predicted tags must have the same sentences and lengths")
-    gold = set(get_entities([list(t) for t in gold_tags]))
-    predicted = set(get_entities([list(t) for t in predicted_tags]))
+    gold, predicted = _entities(gold_tags), _entities(predicted_tags)
     words = sum(map(len, gold_tags))
     right = sum(g == p for gs, ps in zip(gold_tags, predicted_tags, strict=True) for g, p in zip(gs, ps, strict=True))
     scores = _prf(len(gold & predicted), len(predicted), len(gold))
@@ -29,6 +28,17 @@ def ner_scores(gold_tags: list[list[str]], predicted_tags: list[list[str]]) -> d
         prf = _prf(per_correct[kind], per_predicted[kind], per_gold[kind])
         scores.update({f"{kind}_{name}": value for name, value in prf.items()})
     return scores
+
+
+def entity_counts(tags: list[list[str]]) -> dict[str, int]:
+    """Number of entities of each type in `tags` (one tag sequence per sentence), read as `ner_scores` reads them:
+    the per-type support that seqeval's classification report calls "support" and the `evaluate` module "number"."""
+    return dict(Counter(kind for kind, _, _ in _entities(tags)))
+
+
+def _entities(tags: list[list[str]]) -> set[tuple[str, int, int]]:
+    """(type, first, last) of every entity, offsets running over the sentences joined (seqeval's default mode)."""
+    return set(get_entities([list(t) for t in tags]))
 
 
 def _prf(correct: int, predicted: int, gold: int) -> dict[str, float]:
