@@ -1,4 +1,6 @@
-"""`bert-suite ...`: argument parsing only; the work lives in the modules it calls.
+"""The work of each `bert-suite` command, imported once a command runs (the parsing and help are in
+`bert_suite_cli`, which starts without torch). Each `_command(args, rest)` checks its flags, then
+calls the modules that do the work.
 
 Errors the user can fix (bad files, bad flags) are printed as one line and exit with status 2;
 set BERT_SUITE_DEBUG=1 to see the traceback.
@@ -8,8 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import re
 import sys
 from pathlib import Path
 
@@ -72,6 +72,28 @@ def _check_flags(args: argparse.Namespace) -> None:
             raise ValueError(f"--{name} must be at least {least}, got {value}")
     if args.command == "feature-ner" and args.epochs < 1:
         raise ValueError(f"--epochs must be at least 1, got {args.epochs}")
+
+
+def run(args: argparse.Namespace, rest: list[str]) -> None:
+    """Check the flags' values, then run the command `bert_suite_cli` parsed."""
+    _check_flags(args)
+    globals()[args.func](args, rest)
+
+
+def _tasks(args: argparse.Namespace, rest: list[str]) -> None:
+    from .cards import available_cards, load_card, tasks_dir
+
+    rows = [("task", "family", "metric", "data", "card")]
+    for path in sorted(set(available_cards().values())):
+        card = load_card(path)
+        hub = card.hub or {}
+        source = (f"Hub {hub['path']}" + (f" ({hub['name']})" if hub.get("name") else "")) if hub.get("path") \
+            else "local files (--data_dir)"
+        rows.append((card.name, card.family, card.select, source, path.relative_to(tasks_dir()).as_posix()))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+    print(f"\n{len(rows) - 1} task cards in {tasks_dir()}; run one with `bert-suite finetune TASK --model ...`")
 
 
 def _needs_hub(*sources: str | None) -> None:
@@ -255,25 +277,6 @@ def _feature_ner(args: argparse.Namespace, rest: list[str]) -> None:
     print(json.dumps({k: v for k, v in result.items() if k.startswith("eval_")}, indent=2))
 
 
-def _add_run_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("task", help="task card name (rte, glue/mnli, ...) or path to a card YAML")
-    p.add_argument("--model", required=True,
-                   help="Hub id or local checkpoint (stock BERT or bert_suite), or preset:NAME for random weights")
-    p.add_argument("--data_dir", help="folder with the task's original files (default: the Hub)")
-    p.add_argument("--output_dir", help="output folder (default: runs/TASK)")
-    p.add_argument("--tokenizer", help="tokenizer folder or vocab.txt (default: the model's)")
-    p.add_argument("--max_seq_length", type=int, help="default: the card's (128 for GLUE)")
-    p.add_argument("--skip_bad_rows", action="store_true", help="skip malformed rows (counted and reported)")
-    p.add_argument("--push_to_hub", action="store_true", help="push the final/best checkpoint with a model card")
-    p.add_argument("--hub_model_id", help="Hub repository for --push_to_hub")
-    _add_context_flag(p)
-
-
-def _add_context_flag(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--context", choices=["sentence", "document"],
-                   help="NER: encode each sentence alone, or inside windows over its document (default: the card's)")
-
-
 def _load_card(args: argparse.Namespace):
     """The card, with the family options given on the command line."""
     from .cards import load_card
@@ -286,172 +289,7 @@ def _load_card(args: argparse.Namespace):
     return card
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="bert-suite", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-
-    export = sub.add_parser("export", help="convert a bert_suite checkpoint to another format")
-    export.add_argument("--to", choices=["bert"], required=True, help="target format (stock transformers BERT)")
-    export.add_argument("src", help="bert_suite checkpoint folder")
-    export.add_argument("dst", help="output folder")
-    export.set_defaults(func=_export)
-
-    finetune = sub.add_parser("finetune", help="one fine-tuning run; extra flags are TrainingArguments "
-                              "(e.g. --learning_rate 3e-5 --num_train_epochs 2)")
-    _add_run_flags(finetune)
-    finetune.set_defaults(func=_finetune, takes_training_flags=True)
-
-    grid = sub.add_parser("grid", help="the exhaustive learning-rate x batch-size x epochs grid with restarts")
-    _add_run_flags(grid)
-    grid.add_argument("--grid", choices=["paper", "paper-glue"], help="a preset grid (default: the card's)")
-    grid.add_argument("--learning_rates", type=float, nargs="+")
-    grid.add_argument("--batch_sizes", type=int, nargs="+")
-    grid.add_argument("--epochs", type=float, nargs="+")
-    grid.add_argument("--seeds", type=int, nargs="+", help="random restarts (default: 42)")
-    grid.add_argument("--storage", help="Optuna storage URL (default: sqlite file in the output folder)")
-    grid.add_argument("--keep_all", action="store_true", help="keep every trial's checkpoint, not only the best")
-    grid.set_defaults(func=_grid, takes_training_flags=True)
-
-    pred = sub.add_parser("predict", help="predict a split with a fine-tuned checkpoint")
-    pred.add_argument("task")
-    pred.add_argument("--model", required=True, help="fine-tuned checkpoint folder")
-    pred.add_argument("--split", default="test", help="test (all test splits), dev, or a split name")
-    pred.add_argument("--data_dir")
-    pred.add_argument("--tokenizer")
-    pred.add_argument("--output_dir", help="default: the model folder")
-    pred.add_argument("--max_seq_length", type=int, help="default: the card's")
-    _add_context_flag(pred)
-    pred.add_argument("--null_score_diff_threshold", type=float,
-                      help="SQuAD v2: predict no answer when null score - best span score exceeds this "
-                      "(default: the threshold chosen on dev and saved with the checkpoint, else 0)")
-    pred.set_defaults(func=_predict)
-
-    score = sub.add_parser("score", help="score predictions like the official scripts (squad: evaluate-v1.1/v2.0)")
-    score.add_argument("benchmark", choices=["squad"])
-    score.add_argument("--data", required=True, help="the official dataset JSON (e.g. dev-v2.0.json)")
-    score.add_argument("--predictions", required=True, help="predictions.json: question id -> answer text")
-    # also the official evaluate-v2.0 spellings (--na-prob-file, --na-prob-thresh, --out-file)
-    score.add_argument("--na_probs", "--na-prob-file", "--na_prob_file", dest="na_probs",
-                       help="v2: null_odds.json, question id -> no-answer score")
-    score.add_argument("--na_prob_thresh", "--na-prob-thresh", dest="na_prob_thresh", type=float, default=1.0,
-                       help="v2: count a question as answered 'no answer' when its na_probs value is above this "
-                       "(default 1.0, as the official script; our predictions.json is already thresholded, so "
-                       "with null_odds.json pass the run's threshold or a large value)")
-    score.add_argument("--version", help="1.1 or 2.0 (default: from the data file)")
-    score.add_argument("--out_file", "--out-file", dest="out_file", help="also write the JSON here")
-    score.set_defaults(func=_score)
-
-    package = sub.add_parser("glue-package", help="GLUE server files + zip + dev summary from finetune/grid runs")
-    package.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="finetune or grid output folders")
-    package.add_argument("--output_dir", required=True, help="where the server files and the zip go")
-    package.add_argument("--data_dir", help="GLUE root (RTE/, MNLI/, diagnostic/, ...) for test files and "
-                         "row checks (default: the folders the runs were trained from)")
-    package.add_argument("--tokenizer", help="tokenizer, if the checkpoints lack one")
-    package.set_defaults(func=_glue_package)
-
-    feats = sub.add_parser("extract-features", help="per-word features of a CoNLL file from frozen layers "
-                           "(the feature-based route of Table 7)")
-    feats.add_argument("--model", required=True, help="checkpoint folder or Hub id (stock BERT or bert_suite)")
-    feats.add_argument("--input", required=True, help="a CoNLL file (word [POS chunk NER] per line)")
-    feats.add_argument("--output_dir", required=True)
-    feats.add_argument("--layers", default="-1", help="hidden states: 0 = embeddings, -1 = last, comma list, or all")
-    feats.add_argument("--pool", default="sum", choices=["concat", "sum", "weighted"],
-                       help="combine the layers: concatenate, sum, or keep them for a learned weighted sum")
-    feats.add_argument("--task", default="conll2003", help="the NER card (labels, window settings)")
-    feats.add_argument("--tokenizer")
-    feats.add_argument("--max_seq_length", type=int)
-    feats.add_argument("--batch_size", type=int, default=32)
-    _add_context_flag(feats)
-    feats.set_defaults(func=_extract_features)
-
-    tagger = sub.add_parser("feature-ner", help="train the BiLSTM tagger on extracted features (Table 7)")
-    tagger.add_argument("--train_features", required=True)
-    tagger.add_argument("--dev_features", required=True)
-    tagger.add_argument("--output_dir", required=True)
-    tagger.add_argument("--task", default="conll2003")
-    tagger.add_argument("--epochs", type=int, default=4)
-    tagger.add_argument("--learning_rate", type=float, default=1e-3)
-    tagger.add_argument("--batch_size", type=int, default=32)
-    tagger.add_argument("--hidden", type=int, default=768, help="LSTM units per direction")
-    tagger.add_argument("--seed", type=int, default=42)
-    tagger.set_defaults(func=_feature_ner)
-
-    tok = sub.add_parser("tokenizer", help="train a WordPiece vocabulary on text files")
-    tok.add_argument("--input", nargs="+", required=True, help="text files")
-    tok.add_argument("--vocab_size", type=int, default=30522)
-    tok.add_argument("--lowercase", action="store_true", help="uncased vocabulary (as bert-base-uncased)")
-    tok.add_argument("--min_frequency", type=int, default=2)
-    tok.add_argument("--output_dir", required=True)
-    tok.set_defaults(func=_tokenizer)
-
-    data = sub.add_parser("pretrain-data", help="documents -> NSP instances (a datasets folder for the recipe)")
-    data.add_argument("--input", nargs="+", required=True,
-                      help="text files: one sentence per line and a blank line between documents, or raw text")
-    data.add_argument("--tokenizer", required=True, help="tokenizer folder or vocab.txt")
-    data.add_argument("--output_dir", required=True)
-    data.add_argument("--max_seq_length", type=int, default=128)
-    data.add_argument("--short_seq_prob", type=float, default=0.1)
-    data.add_argument("--dupe_factor", type=int, default=1, help="passes over the corpus (each with new masks "
-                      "when --static_masking)")
-    data.add_argument("--static_masking", action="store_true", help="mask once here (the reference) instead of "
-                      "anew every epoch in the collator")
-    data.add_argument("--max_predictions_per_seq", type=int, default=20)
-    data.add_argument("--masked_lm_prob", type=float, default=0.15)
-    data.add_argument("--whole_word_mask", action="store_true")
-    data.add_argument("--seed", type=int, default=12345)
-    data.add_argument("--num_proc", type=int, help="worker processes (default: 1)")
-    data.add_argument("--format", default="auto", choices=["auto", "lines", "raw", "wikitext"],
-                      help="input layout (auto detects)")
-    data.set_defaults(func=_pretrain_data)
-
-    corpus = sub.add_parser("corpus", help="write the embedded corpus (stdlib documentation) as text files")
-    corpus.add_argument("--output_dir", required=True)
-    corpus.add_argument("--heldout_share", type=float, default=0.2, help="documents kept out for the demo task")
-    corpus.set_defaults(func=_corpus)
-
-    demo = sub.add_parser("demo", help="the embedded demo: corpus -> vocabulary -> pre-training -> fine-tuning")
-    demo.add_argument("--output_dir", default="runs/demo")
-    demo.add_argument("--max_steps", type=int, help="pre-training steps (default: 700)")
-    demo.set_defaults(func=_demo)
-
-    # No abbreviations: `grid --learning_rate X` would otherwise be read as --learning_rates, and an
-    # abbreviated TrainingArguments flag be taken for one of ours.
-    for command in (parser, *sub.choices.values()):
-        command.allow_abbrev = False
-    return parser
-
-
-_EXPONENT_NUMBER = re.compile(r"-(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
-
-
-def _plain_negative_numbers(argv: list[str]) -> list[str]:
-    """-1e-5 -> -0.00001 (the same number): argparse reads a word starting with '-' as a flag unless it
-    looks like a plain negative number, so `--learning_rate -1e-5` would fail as a missing value and
-    never reach the check that names the flag."""
-    from decimal import Decimal
-
-    return [format(Decimal(a), "f") if _EXPONENT_NUMBER.fullmatch(a) else a for a in argv]
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    argv = _plain_negative_numbers(sys.argv[1:] if argv is None else list(argv))
-    try:  # argparse prints its usage and message, then exits; return that status instead
-        args, rest = parser.parse_known_args(argv)
-        if rest and not getattr(args, "takes_training_flags", False):
-            parser.error(f"unrecognized arguments: {' '.join(rest)}")
-    except SystemExit as done:
-        return done.code if isinstance(done.code, int) else 2
-    try:
-        _check_flags(args)
-        args.func(args, rest)
-    except (ValueError, OSError, KeyError, RuntimeError) as err:
-        if os.environ.get("BERT_SUITE_DEBUG"):
-            raise
-        print(f"bert-suite {args.command}: error: {err}", file=sys.stderr)
-        return 2
-    return 0
-
+from bert_suite_cli import build_parser, main  # noqa: E402,F401  (`python -m bert_suite.cli`, tests)
 
 if __name__ == "__main__":
     sys.exit(main())

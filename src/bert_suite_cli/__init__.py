@@ -1,0 +1,267 @@
+"""The `bert-suite` command line: argument parsing and help, without importing torch or transformers.
+
+`bert-suite --help`, a subcommand's `--help` and usage errors answer at once; each command's work
+(bert_suite.cli and the modules it calls) is imported only when the command runs. This module sits
+outside the bert_suite package because importing anything inside it registers the model family
+with the transformers Auto classes, which imports torch (seconds)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+
+# Command -> what it does (the help lists them in these groups).
+GROUPS = {
+    "fine-tuning": ("finetune", "grid", "predict", "tasks"),
+    "results and scoring": ("glue-package", "score"),
+    "pre-training": ("tokenizer", "pretrain-data", "corpus", "demo"),
+    "feature-based (Table 7)": ("extract-features", "feature-ner"),
+    "export": ("export",),
+}
+
+EXAMPLES = {
+    "finetune": "bert-suite finetune rte --model bert-base-uncased --data_dir glue/RTE --learning_rate 2e-5",
+    "grid": "bert-suite grid rte --model bert-base-uncased --learning_rates 2e-5 3e-5 --seeds 1 2 3",
+    "predict": "bert-suite predict rte --model runs/rte-grid/best --split test",
+    "tasks": "bert-suite tasks",
+    "glue-package": "bert-suite glue-package runs/rte-grid runs/mrpc-grid --output_dir glue_submission",
+    "score": "bert-suite score squad --data dev-v2.0.json --predictions runs/squad/predictions/dev/predictions.json",
+    "tokenizer": "bert-suite tokenizer --input corpus.txt --vocab_size 30522 --lowercase --output_dir vocab",
+    "pretrain-data": "bert-suite pretrain-data --input corpus.txt --tokenizer vocab --output_dir data128",
+    "corpus": "bert-suite corpus --output_dir corpus",
+    "demo": "bert-suite demo --output_dir runs/demo",
+    "extract-features": "bert-suite extract-features --model bert-base-cased --input valid.txt --layers all "
+                        "--pool weighted --output_dir feats/dev",
+    "feature-ner": "bert-suite feature-ner --train_features feats/train --dev_features feats/dev --output_dir tagger",
+    "export": "bert-suite export --to bert runs/rte/ stock_rte/",
+}
+
+_HELP: dict[str, str] = {}  # filled by build_parser from each command's help
+
+
+def _overview() -> str:
+    return """BERT (Devlin et al., 2018) pre-training and fine-tuning on the Hugging Face stack: the paper's
+GLUE grid with restarts, SQuAD v1.1/v2.0, SWAG, CoNLL-2003 NER, NSP pre-training. Works offline.
+
+start here:
+  bert-suite demo                                  the paper in miniature on a CPU: corpus -> vocabulary
+                                                   -> pre-training -> fine-tuning grid (offline)
+  bert-suite grid rte --model bert-base-uncased    GLUE RTE with the paper's learning-rate x batch size
+                                                   x epochs grid and random restarts
+  bert-suite finetune my_task.yaml --model bert-base-uncased --data_dir my_data
+                                                   fine-tune on your own files (a task card: see tasks/)
+
+`bert-suite COMMAND --help` shows a command's flags and an example."""
+
+
+def _command_list() -> str:
+    lines = []
+    for group, names in GROUPS.items():
+        lines.append(f"{group}:")
+        lines += [f"  {name:<18}{_HELP[name]}" for name in names]
+    return "\n".join(lines)
+
+
+def _add_run_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("task", help="task card name (rte, glue/mnli, ...) or path to a card YAML")
+    p.add_argument("--model", required=True,
+                   help="Hub id or local checkpoint (stock BERT or bert_suite), or preset:NAME for random weights")
+    p.add_argument("--data_dir", help="folder with the task's original files (default: the Hub)")
+    p.add_argument("--output_dir", help="output folder (default: runs/TASK)")
+    p.add_argument("--tokenizer", help="tokenizer folder or vocab.txt (default: the model's)")
+    p.add_argument("--max_seq_length", type=int, help="default: the card's (128 for GLUE)")
+    p.add_argument("--skip_bad_rows", action="store_true", help="skip malformed rows (counted and reported)")
+    p.add_argument("--push_to_hub", action="store_true", help="push the final/best checkpoint with a model card")
+    p.add_argument("--hub_model_id", help="Hub repository for --push_to_hub")
+    _add_context_flag(p)
+
+
+def _add_context_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--context", choices=["sentence", "document"],
+                   help="NER: encode each sentence alone, or inside windows over its document (default: the card's)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="bert-suite", description=_overview(), usage="bert-suite [-h] COMMAND ...",
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", help=argparse.SUPPRESS,
+                                prog="bert-suite")
+
+    export = sub.add_parser("export", help="convert a bert_suite checkpoint to another format")
+    export.add_argument("--to", choices=["bert"], required=True, help="target format (stock transformers BERT)")
+    export.add_argument("src", help="bert_suite checkpoint folder")
+    export.add_argument("dst", help="output folder")
+    export.set_defaults(func="_export")
+
+    finetune = sub.add_parser("finetune", help="one fine-tuning run (extra flags are TrainingArguments)")
+    _add_run_flags(finetune)
+    finetune.set_defaults(func="_finetune", takes_training_flags=True)
+
+    grid = sub.add_parser("grid", help="the exhaustive learning-rate x batch-size x epochs grid with restarts")
+    _add_run_flags(grid)
+    grid.add_argument("--grid", choices=["paper", "paper-glue"], help="a preset grid (default: the card's)")
+    grid.add_argument("--learning_rates", type=float, nargs="+")
+    grid.add_argument("--batch_sizes", type=int, nargs="+")
+    grid.add_argument("--epochs", type=float, nargs="+")
+    grid.add_argument("--seeds", type=int, nargs="+", help="random restarts (default: 42)")
+    grid.add_argument("--storage", help="Optuna storage URL (default: sqlite file in the output folder)")
+    grid.add_argument("--keep_all", action="store_true", help="keep every trial's checkpoint, not only the best")
+    grid.set_defaults(func="_grid", takes_training_flags=True)
+
+    pred = sub.add_parser("predict", help="predict a split with a fine-tuned checkpoint")
+    pred.add_argument("task")
+    pred.add_argument("--model", required=True, help="fine-tuned checkpoint folder")
+    pred.add_argument("--split", default="test", help="test (all test splits), dev, or a split name")
+    pred.add_argument("--data_dir")
+    pred.add_argument("--tokenizer")
+    pred.add_argument("--output_dir", help="default: the model folder")
+    pred.add_argument("--max_seq_length", type=int, help="default: the card's")
+    _add_context_flag(pred)
+    pred.add_argument("--null_score_diff_threshold", type=float,
+                      help="SQuAD v2: predict no answer when null score - best span score exceeds this "
+                      "(default: the threshold chosen on dev and saved with the checkpoint, else 0)")
+    pred.set_defaults(func="_predict")
+
+    score = sub.add_parser("score", help="score predictions like the official scripts (squad: evaluate-v1.1/v2.0)")
+    score.add_argument("benchmark", choices=["squad"])
+    score.add_argument("--data", required=True, help="the official dataset JSON (e.g. dev-v2.0.json)")
+    score.add_argument("--predictions", required=True, help="predictions.json: question id -> answer text")
+    # also the official evaluate-v2.0 spellings (--na-prob-file, --na-prob-thresh, --out-file)
+    score.add_argument("--na_probs", "--na-prob-file", "--na_prob_file", dest="na_probs",
+                       help="v2: null_odds.json, question id -> no-answer score")
+    score.add_argument("--na_prob_thresh", "--na-prob-thresh", dest="na_prob_thresh", type=float, default=1.0,
+                       help="v2: count a question as answered 'no answer' when its na_probs value is above this "
+                       "(default 1.0, as the official script; our predictions.json is already thresholded, so "
+                       "with null_odds.json pass the run's threshold or a large value)")
+    score.add_argument("--version", help="1.1 or 2.0 (default: from the data file)")
+    score.add_argument("--out_file", "--out-file", dest="out_file", help="also write the JSON here")
+    score.set_defaults(func="_score")
+
+    package = sub.add_parser("glue-package", help="GLUE server files + zip + dev summary from finetune/grid runs")
+    package.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="finetune or grid output folders")
+    package.add_argument("--output_dir", required=True, help="where the server files and the zip go")
+    package.add_argument("--data_dir", help="GLUE root (RTE/, MNLI/, diagnostic/, ...) for test files and "
+                         "row checks (default: the folders the runs were trained from)")
+    package.add_argument("--tokenizer", help="tokenizer, if the checkpoints lack one")
+    package.set_defaults(func="_glue_package")
+
+    feats = sub.add_parser("extract-features", help="per-word features of a CoNLL file from frozen layers")
+    feats.add_argument("--model", required=True, help="checkpoint folder or Hub id (stock BERT or bert_suite)")
+    feats.add_argument("--input", required=True, help="a CoNLL file (word [POS chunk NER] per line)")
+    feats.add_argument("--output_dir", required=True)
+    feats.add_argument("--layers", default="-1", help="hidden states: 0 = embeddings, -1 = last, comma list, or all")
+    feats.add_argument("--pool", default="sum", choices=["concat", "sum", "weighted"],
+                       help="combine the layers: concatenate, sum, or keep them for a learned weighted sum")
+    feats.add_argument("--task", default="conll2003", help="the NER card (labels, window settings)")
+    feats.add_argument("--tokenizer")
+    feats.add_argument("--max_seq_length", type=int)
+    feats.add_argument("--batch_size", type=int, default=32)
+    _add_context_flag(feats)
+    feats.set_defaults(func="_extract_features")
+
+    tagger = sub.add_parser("feature-ner", help="train the BiLSTM tagger on extracted features (Table 7)")
+    tagger.add_argument("--train_features", required=True)
+    tagger.add_argument("--dev_features", required=True)
+    tagger.add_argument("--output_dir", required=True)
+    tagger.add_argument("--task", default="conll2003")
+    tagger.add_argument("--epochs", type=int, default=4)
+    tagger.add_argument("--learning_rate", type=float, default=1e-3)
+    tagger.add_argument("--batch_size", type=int, default=32)
+    tagger.add_argument("--hidden", type=int, default=768, help="LSTM units per direction")
+    tagger.add_argument("--seed", type=int, default=42)
+    tagger.set_defaults(func="_feature_ner")
+
+    tok = sub.add_parser("tokenizer", help="train a WordPiece vocabulary on text files")
+    tok.add_argument("--input", nargs="+", required=True, help="text files")
+    tok.add_argument("--vocab_size", type=int, default=30522)
+    tok.add_argument("--lowercase", action="store_true", help="uncased vocabulary (as bert-base-uncased)")
+    tok.add_argument("--min_frequency", type=int, default=2)
+    tok.add_argument("--output_dir", required=True)
+    tok.set_defaults(func="_tokenizer")
+
+    data = sub.add_parser("pretrain-data", help="documents -> NSP instances (a datasets folder for the recipe)")
+    data.add_argument("--input", nargs="+", required=True,
+                      help="text files: one sentence per line and a blank line between documents, or raw text")
+    data.add_argument("--tokenizer", required=True, help="tokenizer folder or vocab.txt")
+    data.add_argument("--output_dir", required=True)
+    data.add_argument("--max_seq_length", type=int, default=128)
+    data.add_argument("--short_seq_prob", type=float, default=0.1)
+    data.add_argument("--dupe_factor", type=int, default=1, help="passes over the corpus (each with new masks "
+                      "when --static_masking)")
+    data.add_argument("--static_masking", action="store_true", help="mask once here (the reference) instead of "
+                      "anew every epoch in the collator")
+    data.add_argument("--max_predictions_per_seq", type=int, default=20)
+    data.add_argument("--masked_lm_prob", type=float, default=0.15)
+    data.add_argument("--whole_word_mask", action="store_true")
+    data.add_argument("--seed", type=int, default=12345)
+    data.add_argument("--num_proc", type=int, help="worker processes (default: 1)")
+    data.add_argument("--format", default="auto", choices=["auto", "lines", "raw", "wikitext"],
+                      help="input layout (auto detects)")
+    data.set_defaults(func="_pretrain_data")
+
+    corpus = sub.add_parser("corpus", help="write the embedded corpus (stdlib documentation) as text files")
+    corpus.add_argument("--output_dir", required=True)
+    corpus.add_argument("--heldout_share", type=float, default=0.2, help="documents kept out for the demo task")
+    corpus.set_defaults(func="_corpus")
+
+    demo = sub.add_parser("demo", help="the embedded demo: corpus -> vocabulary -> pre-training -> fine-tuning")
+    demo.add_argument("--output_dir", default="runs/demo")
+    demo.add_argument("--max_steps", type=int, help="pre-training steps (default: 700)")
+    demo.set_defaults(func="_demo")
+
+    tasks = sub.add_parser("tasks", help="list the shipped task cards: family, metric, data source")
+    tasks.set_defaults(func="_tasks")
+
+    _HELP.update({action.dest: action.help for action in sub._choices_actions})
+    for name, command in sub.choices.items():
+        command.formatter_class = argparse.RawDescriptionHelpFormatter
+        command.description = _HELP[name]
+        command.epilog = f"example:\n  {EXAMPLES[name]}"
+    # No abbreviations: `grid --learning_rate X` would otherwise be read as --learning_rates, and an
+    # abbreviated TrainingArguments flag be taken for one of ours.
+    for command in (parser, *sub.choices.values()):
+        command.allow_abbrev = False
+    parser.epilog = _command_list()
+    return parser
+
+
+_EXPONENT_NUMBER = re.compile(r"-(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
+
+
+def _plain_negative_numbers(argv: list[str]) -> list[str]:
+    """-1e-5 -> -0.00001 (the same number): argparse reads a word starting with '-' as a flag unless it
+    looks like a plain negative number, so `--learning_rate -1e-5` would fail as a missing value and
+    never reach the check that names the flag."""
+    from decimal import Decimal
+
+    return [format(Decimal(a), "f") if _EXPONENT_NUMBER.fullmatch(a) else a for a in argv]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run `bert-suite ARGS`; returns the exit status (2: a usage or input error, printed as one line)."""
+    parser = build_parser()
+    argv = _plain_negative_numbers(sys.argv[1:] if argv is None else list(argv))
+    try:  # argparse prints its usage and message, then exits; return that status instead
+        args, rest = parser.parse_known_args(argv)
+        if rest and not getattr(args, "takes_training_flags", False):
+            parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    except SystemExit as done:
+        return done.code if isinstance(done.code, int) else 2
+    try:
+        from bert_suite import cli as commands  # torch, transformers: only once a command runs
+
+        commands.run(args, rest)
+    except (ValueError, OSError, KeyError, RuntimeError) as err:
+        if os.environ.get("BERT_SUITE_DEBUG"):
+            raise
+        print(f"bert-suite {args.command}: error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+
+
+if __name__ == "__main__":
+    sys.exit(main())
