@@ -115,6 +115,7 @@ bench: install  ## the quick benchmarks against stock transformers
 	$(OFFLINE) $(BIN)/python benchmarks/pretrain_step.py --quick --profile
 	$(OFFLINE) $(BIN)/python benchmarks/finetune_speed.py --quick --profile
 	$(OFFLINE) $(BIN)/python benchmarks/pretrain_data_speed.py --repeat 1
+	$(OFFLINE) $(BIN)/python benchmarks/cli_startup.py
 
 bench-full: install  ## the full benchmarks
 	$(OFFLINE) $(BIN)/python benchmarks/pretrain_step.py --profile
