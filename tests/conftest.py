@@ -12,6 +12,8 @@ os.environ["TOKENIZERS_PARALLELISM"] = "false"
 os.environ.setdefault("HF_HOME", tempfile.mkdtemp(prefix="bert_suite_hf_home_"))
 
 import random  # noqa: E402
+import socket  # noqa: E402
+import sys  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -73,3 +75,36 @@ def online(monkeypatch):
     monkeypatch.setattr(FakeApi, "calls", [])
     monkeypatch.setattr(FakeApi, "fail_with", None)
     return FakeApi
+
+
+@pytest.fixture(scope="module")
+def offline_evaluate(tmp_path_factory):
+    """`load(name, config_name=None)`: `evaluate.load` of a module shipped in bert_suite/metrics, with
+    evaluate's caches in a tmp dir and the network cut (a connection attempt fails the test)."""
+    evaluate = pytest.importorskip("evaluate")
+    from bert_suite.metrics import evaluate_module_path
+
+    cache = tmp_path_factory.mktemp("hf_cache")
+    # evaluate resolves its cache folders from HF_HOME when it is imported, so setting the env now
+    # would be too late; its config attributes are read at each load, so patch those instead.
+    # The modules cache is also put on sys.path and imported as the package `evaluate_modules`,
+    # whose location is fixed once imported: start from, and leave behind, a clean slate.
+    saved_modules = {k: sys.modules.pop(k) for k in list(sys.modules) if k.split(".")[0] == "evaluate_modules"}
+    attempts = []
+
+    def no_network(target, *args, **kwargs):
+        attempts.append(target)
+        raise OSError(f"network access attempted: {target}")
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(evaluate.config, "HF_MODULES_CACHE", cache / "modules")
+        mp.setattr(evaluate.config, "HF_METRICS_CACHE", cache / "metrics")
+        mp.setattr(sys, "path", list(sys.path))
+        # Name lookups too: without them a connection by host name fails before any connect().
+        mp.setattr(socket, "getaddrinfo", no_network)
+        mp.setattr(socket.socket, "connect", lambda sock, address: no_network(address))
+        yield lambda name, config_name=None: evaluate.load(evaluate_module_path(name), config_name)
+    for k in [k for k in sys.modules if k.split(".")[0] == "evaluate_modules"]:
+        del sys.modules[k]
+    sys.modules.update(saved_modules)
+    assert attempts == []

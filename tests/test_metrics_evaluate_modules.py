@@ -7,8 +7,6 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_EVALUATE_OFFLINE", "1")
 
-import socket  # noqa: E402
-import sys  # noqa: E402
 import warnings  # noqa: E402
 
 import pytest  # noqa: E402
@@ -74,31 +72,9 @@ NER_PREDS_2 = [["B-PER", "I-PER", "O", "B-ORG"], ["O", "O", "I-MISC"]]
 
 
 @pytest.fixture(scope="module")
-def load_module(tmp_path_factory):
-    """`evaluate.load` of a shipped module by name, with evaluate's caches in a tmp dir and sockets cut."""
-    evaluate = pytest.importorskip("evaluate")
-    cache = tmp_path_factory.mktemp("hf_cache")
-    # evaluate resolves its cache folders when it is imported, so patch its config attributes, which
-    # are read at each load. The modules cache is imported as the package `evaluate_modules`, whose
-    # location is fixed once imported: start from, and leave behind, a clean slate.
-    saved_modules = {k: sys.modules.pop(k) for k in list(sys.modules) if k.split(".")[0] == "evaluate_modules"}
-    attempts = []
-
-    def no_network(target, *args, **kwargs):
-        attempts.append(target)
-        raise OSError(f"network access attempted: {target}")
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(evaluate.config, "HF_MODULES_CACHE", cache / "modules")
-        mp.setattr(evaluate.config, "HF_METRICS_CACHE", cache / "metrics")
-        mp.setattr(sys, "path", list(sys.path))
-        mp.setattr(socket, "getaddrinfo", no_network)
-        mp.setattr(socket.socket, "connect", lambda sock, address: no_network(address))
-        yield lambda name: evaluate.load(evaluate_module_path(name))
-    for k in [k for k in sys.modules if k.split(".")[0] == "evaluate_modules"]:
-        del sys.modules[k]
-    sys.modules.update(saved_modules)
-    assert attempts == []
+def load_module(offline_evaluate):
+    """`evaluate.load` of a shipped module by name, offline (conftest.offline_evaluate)."""
+    return offline_evaluate
 
 
 @pytest.fixture(scope="module")

@@ -7,8 +7,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_EVALUATE_OFFLINE", "1")
 
 import math  # noqa: E402
-import socket  # noqa: E402
-import sys  # noqa: E402
 import warnings  # noqa: E402
 
 import numpy as np  # noqa: E402
@@ -131,33 +129,9 @@ def test_unknown_evaluate_module_names_the_shipped_ones():
 
 
 @pytest.fixture(scope="module")
-def load_glue(tmp_path_factory):
-    """`evaluate.load` of the shipped glue module, with evaluate's caches in a tmp dir and sockets cut."""
-    evaluate = pytest.importorskip("evaluate")
-    cache = tmp_path_factory.mktemp("hf_cache")
-    # evaluate resolves its cache folders from HF_HOME when it is imported, so setting the env now
-    # would be too late; its config attributes are read at each load, so patch those instead.
-    # The modules cache is also put on sys.path and imported as the package `evaluate_modules`,
-    # whose location is fixed once imported: start from, and leave behind, a clean slate.
-    saved_modules = {k: sys.modules.pop(k) for k in list(sys.modules) if k.split(".")[0] == "evaluate_modules"}
-    attempts = []
-
-    def no_network(target, *args, **kwargs):
-        attempts.append(target)
-        raise OSError(f"network access attempted: {target}")
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(evaluate.config, "HF_MODULES_CACHE", cache / "modules")
-        mp.setattr(evaluate.config, "HF_METRICS_CACHE", cache / "metrics")
-        mp.setattr(sys, "path", list(sys.path))
-        # Name lookups too: without them a connection by host name fails before any connect().
-        mp.setattr(socket, "getaddrinfo", no_network)
-        mp.setattr(socket.socket, "connect", lambda sock, address: no_network(address))
-        yield lambda task: evaluate.load(evaluate_module_path("glue"), task)
-    for k in [k for k in sys.modules if k.split(".")[0] == "evaluate_modules"]:
-        del sys.modules[k]
-    sys.modules.update(saved_modules)
-    assert attempts == []
+def load_glue(offline_evaluate):
+    """`evaluate.load` of the shipped glue module for a task, offline (conftest.offline_evaluate)."""
+    return lambda task: offline_evaluate("glue", task)
 
 
 @pytest.mark.parametrize(

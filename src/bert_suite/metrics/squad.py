@@ -129,6 +129,18 @@ def load_gold(path: str | Path) -> tuple[list[dict], int]:
     return gold, 2 if is_v2 else 1
 
 
+def predictions_by_id(predictions, field):
+    """{id: prediction[field]} of Hub-layout prediction dicts ({"id", "prediction_text", ...}, as the evaluate
+    modules take them); a SquadScoreError when an id comes twice."""
+    by_id = {}
+    for prediction in predictions:
+        qid = prediction["id"]
+        if qid in by_id:
+            raise SquadScoreError(f"predictions: two predictions for the question id {qid!r}")
+        by_id[qid] = prediction[field]
+    return by_id
+
+
 def gold_from_examples(examples: Iterable[Mapping[str, Any]]) -> list[dict]:
     """Gold answers of Hub-layout SQuAD examples (`rajpurkar/squad`, `rajpurkar/squad_v2`).
 

@@ -11,7 +11,7 @@ import evaluate
 
 # evaluate copies this file alone into its modules cache and imports it from there, so the
 # scorer is imported from the installed package rather than from a sibling file.
-from bert_suite.metrics.squad import SquadScoreError, evaluate_v1, gold_from_examples
+from bert_suite.metrics.squad import evaluate_v1, gold_from_examples, predictions_by_id
 
 _logger = evaluate.logging.get_logger(__name__)
 
@@ -51,17 +51,6 @@ Example:
 """
 
 
-def _predictions_by_id(predictions, field):
-    """{id: prediction[field]} of the module's prediction dicts; ValueError when an id comes twice."""
-    by_id = {}
-    for prediction in predictions:
-        qid = prediction["id"]
-        if qid in by_id:
-            raise SquadScoreError(f"predictions: two predictions for the question id {qid!r}")
-        by_id[qid] = prediction[field]
-    return by_id
-
-
 class Squad(evaluate.Metric):
     """SQuAD v1.1 exact match and F1, delegating to `bert_suite.metrics.squad.evaluate_v1`."""
 
@@ -87,5 +76,5 @@ class Squad(evaluate.Metric):
 
     def _compute(self, predictions, references):
         return evaluate_v1(
-            gold_from_examples(references), _predictions_by_id(predictions, "prediction_text"), warn=_logger.warning
+            gold_from_examples(references), predictions_by_id(predictions, "prediction_text"), warn=_logger.warning
         )

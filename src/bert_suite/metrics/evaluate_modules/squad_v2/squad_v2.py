@@ -12,7 +12,7 @@ import evaluate
 
 # evaluate copies this file alone into its modules cache and imports it from there, so the
 # scorer is imported from the installed package rather than from a sibling file.
-from bert_suite.metrics.squad import SquadScoreError, evaluate_v2, gold_from_examples
+from bert_suite.metrics.squad import evaluate_v2, gold_from_examples, predictions_by_id
 
 _logger = evaluate.logging.get_logger(__name__)
 
@@ -62,17 +62,6 @@ Example:
 """
 
 
-def _predictions_by_id(predictions, field):
-    """{id: prediction[field]} of the module's prediction dicts; ValueError when an id comes twice."""
-    by_id = {}
-    for prediction in predictions:
-        qid = prediction["id"]
-        if qid in by_id:
-            raise SquadScoreError(f"predictions: two predictions for the question id {qid!r}")
-        by_id[qid] = prediction[field]
-    return by_id
-
-
 class SquadV2(evaluate.Metric):
     """SQuAD v2.0 scores, delegating to `bert_suite.metrics.squad.evaluate_v2`."""
 
@@ -103,8 +92,8 @@ class SquadV2(evaluate.Metric):
     def _compute(self, predictions, references, no_answer_threshold=1.0):
         return evaluate_v2(
             gold_from_examples(references),
-            _predictions_by_id(predictions, "prediction_text"),
-            na_probs=_predictions_by_id(predictions, "no_answer_probability"),
+            predictions_by_id(predictions, "prediction_text"),
+            na_probs=predictions_by_id(predictions, "no_answer_probability"),
             na_prob_thresh=no_answer_threshold,
             warn=_logger.warning,
         )
