@@ -32,6 +32,10 @@ class SplitSpec:
     columns: dict[str, str | int] = field(default_factory=dict)
     server_file: str | None = None  # GLUE test server file name (test splits)
     rows: int | None = None  # expected row count (test splits: checked by glue-package)
+    # A data file read for this split whatever --data_dir says (CSV, TSV, JSON, JSON Lines, Parquet, or the
+    # family's own format), relative to the card's folder or absolute: what --train_file/--validation_file/
+    # --test_file set, and what the card a card-less run writes (task_card.yaml) keeps.
+    data_file: str | None = None
 
 
 @dataclass
@@ -69,6 +73,7 @@ class TaskCard:
         return 1 if self.labels is None else len(self.labels)
 
 
+CARD_FILE = "task_card.yaml"  # the card a run used, saved in its output folder and beside its checkpoint
 FAMILIES = ("classification", "squad", "multiple_choice", "ner")  # = adapter module names
 _SPLIT_KEYS = {f.name for f in dataclasses.fields(SplitSpec)}
 _CARD_KEYS = {f.name for f in dataclasses.fields(TaskCard)} - {"path"}
@@ -142,12 +147,12 @@ def card_from_dict(data: Any, path: str = "<card>") -> TaskCard:
     for key in ("name", "label_column", "metric", "select"):
         _expect(path, key, data[key], str, "a string")
     if data["family"] == "classification":  # the other families compute their metric whatever its name
-        from .metrics.glue import GLUE_METRIC_FIELDS
+        from .metrics.glue import METRIC_FIELDS
 
-        fields = GLUE_METRIC_FIELDS.get(data["metric"])
+        fields = METRIC_FIELDS.get(data["metric"])
         if fields is None:
             raise CardError(f"{path}: metric {data['metric']!r} is not a classification metric; expected one of "
-                            f"{', '.join(GLUE_METRIC_FIELDS)}")
+                            f"{', '.join(METRIC_FIELDS)}")
         if data["select"] not in fields:
             raise CardError(f"{path}: select {data['select']!r} is not reported by metric {data['metric']!r}; "
                             f"expected one of the fields of metric {data['metric']!r}: {', '.join(fields)}")
@@ -176,3 +181,28 @@ def card_from_dict(data: Any, path: str = "<card>") -> TaskCard:
         if split is not None and split not in splits:
             raise CardError(f"{path}: split {split!r} is used but not described under splits")
     return card
+
+
+def card_to_dict(card: TaskCard) -> dict[str, Any]:
+    """The card as `card_from_dict` reads it (unset split keys left out)."""
+    data = {}
+    for f in dataclasses.fields(TaskCard):
+        value = getattr(card, f.name)
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        if f.name != "path" and (f.name in _REQUIRED or value != default):
+            data[f.name] = value
+    default_spec = SplitSpec()
+    data["splits"] = {name: {k: v for k, v in dataclasses.asdict(spec).items() if v != getattr(default_spec, k)}
+                      for name, spec in card.splits.items()}
+    return data
+
+
+def save_card(card: TaskCard, path: str | Path) -> Path:
+    """Write the card as YAML (a run's `task_card.yaml`: `bert-suite finetune PATH` repeats the run)."""
+    from .io import atomic_write_text
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    header = f"# The task card of a bert-suite run: `bert-suite finetune {path} --model ...` repeats it.\n"
+    atomic_write_text(path, header + yaml.safe_dump(card_to_dict(card), sort_keys=False, allow_unicode=True))
+    return path

@@ -18,6 +18,7 @@ from ..io import atomic_write_text
 from ..metrics import glue_metrics
 from ..modeling_bert_suite import BertSuiteForSequenceClassification
 from .common import DataError, load_hub_split, read_text, split_file_stem
+from .files import check_columns, check_extension, data_file_of, read_data_file, row_index
 
 METRICS_USE_EXAMPLES = False  # metric_fn needs the predictions and labels only
 MODEL_CLASS = BertSuiteForSequenceClassification
@@ -105,10 +106,93 @@ def read_tsv_split(card: TaskCard, split: str, path: Path, skip_bad_rows: bool =
     return datasets.Dataset.from_dict(columns), skipped
 
 
+FILE_EXTENSIONS = (".csv", ".tsv", ".json", ".jsonl", ".parquet")
+
+
+def read_file_split(card: TaskCard, split: str, path: Path, skip_bad_rows: bool = False
+                    ) -> tuple[datasets.Dataset, int]:
+    """One split from a data file: a TSV laid out as the card's split says (the GLUE files), or any
+    CSV/TSV/JSON/JSON Lines/Parquet file whose columns are the card's text and label columns (or the
+    names the card's split maps them to). Test files must not have labels. Returns the dataset in the
+    layout of `read_tsv_split` and the number of rows skipped."""
+    spec = card.splits[split]
+    suffix = check_extension(path, FILE_EXTENSIONS, "classification", "a CSV, TSV, JSON, JSON Lines or Parquet file")
+    if suffix == ".tsv" and spec.columns:
+        return read_tsv_split(card, split, path, skip_bad_rows)
+    expected = f"rows with the text column{'s' if len(card.text_columns) > 1 else ''} " \
+               f"{', '.join(card.text_columns)}" + ("" if split in card.test_splits else f" and {card.label_column}")
+    table = read_data_file(path, expected)
+    columns = {name: name if name in table.column_names or not isinstance(spec.columns.get(name), str)
+               else spec.columns[name] for name in [*card.text_columns, card.label_column]}
+    labelled = split not in card.test_splits
+    if not labelled and columns[card.label_column] in table.column_names:
+        raise DataError(f"{path}: a test file with labels (column {columns[card.label_column]!r}); expected "
+                        "unlabelled rows to predict (pass labelled data as --validation_file)")
+    wanted = [columns[c] for c in card.text_columns] + ([columns[card.label_column]] if labelled else [])
+    check_columns(table, path, wanted, "the task's text" + (" and label columns" if labelled else " columns"))
+    values = table.select_columns(wanted).to_dict()
+    ids = row_index(table, path)
+    out: dict[str, list] = {name: [] for name in [*card.text_columns, "idx", *(["label"] if labelled else [])]}
+    skipped = 0
+    for row in range(len(table)):
+        where = f"{path}: row {row + 1}"
+        try:
+            texts = [values[columns[name]][row] for name in card.text_columns]
+            for name, text in zip(card.text_columns, texts, strict=True):
+                if not isinstance(text, str) or not text.strip():
+                    raise DataError(f"{where}: empty or non-text {columns[name]!r} ({text!r}); expected non-empty text")
+            label = label_id(card, values[columns[card.label_column]][row], where) if labelled else None
+        except DataError:
+            if not skip_bad_rows:
+                raise
+            skipped += 1
+            continue
+        for name, text in zip(card.text_columns, texts, strict=True):
+            out[name].append(text)
+        out["idx"].append(ids[row])
+        if labelled:
+            out["label"].append(label)
+    if not out["idx"]:
+        raise DataError(f"{path}: all {skipped} rows are malformed and were skipped (--skip_bad_rows); expected at "
+                        "least one good row")
+    return datasets.Dataset.from_dict(out), skipped
+
+
+def label_id(card: TaskCard, value, where: str) -> int | float:
+    """A label as the file holds it -> the class id (or score for regression). Class names match as text
+    (1 and "1" alike); plain class ids 0..n-1 (as the Hub stores them) are taken when no label name is a
+    number, so that names and ids cannot be confused."""
+    if card.is_regression:
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and np.isfinite(value):
+            return float(value)
+        try:
+            score = float(str(value).strip())
+        except ValueError:
+            score = float("nan")
+        if not np.isfinite(score):
+            raise DataError(f"{where}: label {value!r} is not a number; expected a score (a regression task)")
+        return score
+    names = card.labels
+    text = str(int(value)) if isinstance(value, float) and value.is_integer() else str(value).strip()
+    if text in names:
+        return names.index(text)
+    numeric_names = any(name.lstrip("-").isdigit() for name in names)
+    if isinstance(value, int) and not isinstance(value, bool) and not numeric_names and 0 <= value < len(names):
+        return value
+    raise DataError(f"{where}: label {value!r} is not one of the task's labels {names}"
+                    + ("" if numeric_names else f" (or a class id 0..{len(names) - 1})"))
+
+
 def load_split(card: TaskCard, split: str, data_dir: str | Path | None = None,
                skip_bad_rows: bool = False) -> datasets.Dataset:
     """One split, from `data_dir` (the task's original files) when given, else from the Hub."""
     spec = card.splits[split]
+    data_file = data_file_of(card, split)
+    if data_file is not None:
+        dataset, skipped = read_file_split(card, split, data_file, skip_bad_rows)
+        if skipped:
+            print(f"[bert_suite] {data_file}: skipped {skipped} malformed rows (--skip_bad_rows)")
+        return dataset
     if data_dir is not None:
         if spec.file is None:
             raise DataError(f"{card.path}: split {split!r} has no local file; remove --data_dir to use the Hub")

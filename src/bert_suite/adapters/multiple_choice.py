@@ -36,6 +36,7 @@ from ..cards import TaskCard
 from ..io import atomic_write_text
 from ..modeling_bert_suite import BertSuiteForMultipleChoice
 from .common import DataError, family_options, load_hub_split, read_text, split_file_stem
+from .files import check_extension, data_file_of, read_data_file
 
 METRICS_USE_EXAMPLES = False  # metric_fn needs the predictions and labels only
 MODEL_CLASS = BertSuiteForMultipleChoice
@@ -189,13 +190,41 @@ def hub_records(dataset: datasets.Dataset, source: str, card: TaskCard, labelled
         yield f"{source}, record {i}", int(idx), {c: values[c][i] for c in wanted}, None
 
 
+FILE_EXTENSIONS = (".csv", ".json", ".jsonl", ".parquet")
+
+
+def file_records(card: TaskCard, split: str, path: Path, labelled: bool) -> Iterator[Record]:
+    """Records of a data file: a CSV in the official SWAG layout (its own reader: SWAG text holds quotes and
+    line breaks), or JSON, JSON Lines or Parquet records with the same columns (the Hub layout). A test
+    file must not have labels."""
+    suffix = check_extension(path, FILE_EXTENSIONS, "multiple_choice",
+                             "the SWAG CSV layout, or the same columns as JSON, JSON Lines or Parquet records")
+    label = str(card.splits[split].columns.get(card.label_column, card.label_column))
+    if suffix == ".csv":
+        header = next(csv.reader(io.StringIO(read_text(path, "the official SWAG CSV"), newline="")), [])
+        columns = header
+    else:
+        table = read_data_file(path, f"records with the columns {', '.join(required_columns(card, labelled))}")
+        columns = table.column_names
+    if not labelled and label in columns:
+        raise DataError(f"{path}: a test file with labels (column {label!r}); expected unlabelled rows to predict "
+                        "(pass labelled data as --validation_file)")
+    if suffix == ".csv":
+        return csv_records(path, card, split, labelled)
+    return hub_records(table, str(path), card, labelled)
+
+
 def load_split(card: TaskCard, split: str, data_dir: str | Path | None = None,
                skip_bad_rows: bool = False) -> datasets.Dataset:
     """One split: from `data_dir` (the folder with the card's CSV files, or one .csv file) when given,
     else from the Hub (or its cache)."""
     spec = card.splits[split]
     labelled = is_labelled(card, split)
-    if data_dir is not None:
+    data_file = data_file_of(card, split)
+    if data_file is not None:
+        source = str(data_file)
+        records = file_records(card, split, data_file, labelled)
+    elif data_dir is not None:
         path = Path(data_dir)
         if not (path.suffix.lower() == ".csv" and not path.is_dir()):
             if spec.file is None:

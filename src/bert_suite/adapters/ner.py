@@ -61,6 +61,7 @@ from .common import (
     read_text,
     split_file_stem,
 )
+from .files import check_extension, data_file_of, read_data_file
 
 METRICS_USE_EXAMPLES = True  # metric_fn reads the split's examples (see runner.train_and_evaluate)
 MODEL_CLASS = BertSuiteForTokenClassification
@@ -402,13 +403,38 @@ def describe(info: dict[str, Any]) -> str:
     return text
 
 
+CONLL_EXTENSIONS = (".txt", ".conll", ".iob", ".bio")
+FILE_EXTENSIONS = (*CONLL_EXTENSIONS, ".json", ".jsonl", ".parquet")
+
+
+def read_ner_file(card: TaskCard, split: str, path: Path, skip_bad_rows: bool = False
+                  ) -> tuple[datasets.Dataset, dict[str, Any]]:
+    """One split from a data file: CoNLL text (word ... NER per line) or sentence records with `tokens` and
+    `ner_tags` (tag names, or ids in the card's label order) as JSON, JSON Lines or Parquet, as the
+    transformers token-classification example reads them."""
+    suffix = check_extension(path, FILE_EXTENSIONS, "ner",
+                             "a CoNLL file, or tokens/ner_tags records in JSON, JSON Lines or Parquet")
+    training = split == card.train_split
+    if suffix in CONLL_EXTENSIONS:
+        return read_conll(path, card.labels or [], skip_bad_rows, require_tags=training)
+    rows = read_data_file(path, "sentence records with tokens and ner_tags")
+    dataset, info = rows_to_dataset(rows, card.labels or [], str(path), skip_bad_rows)
+    if training and info["scheme"] is None:
+        raise DataError(f"{path}: training data needs NER tags (no column 'ner_tags'; found: "
+                        f"{', '.join(rows.column_names)})")
+    return dataset, info
+
+
 def load_split(card: TaskCard, split: str, data_dir: str | Path | None = None,
                skip_bad_rows: bool = False) -> datasets.Dataset:
     """One split of sentences: from `data_dir` (the folder with the card's files, or one file) when given, else
     from the Hub. Prints one line saying which tagging scheme was found and whether it was converted."""
     spec = card.splits[split]
     labels = card.labels or []
-    if data_dir is not None:
+    data_file = data_file_of(card, split)
+    if data_file is not None:
+        dataset, info = read_ner_file(card, split, data_file, skip_bad_rows)
+    elif data_dir is not None:
         path = Path(data_dir)
         if path.is_dir():
             if spec.file is None:

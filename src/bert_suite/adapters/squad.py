@@ -38,6 +38,7 @@ from ..metrics import squad as scorer
 from ..modeling_bert_suite import BertSuiteForQuestionAnswering
 from .common import DataError, family_options, load_hub_split, max_context_windows, read_text, split_file_stem
 from .common import window_starts as shared_window_starts
+from .files import check_columns, check_extension, data_file_of, read_data_file
 
 METRICS_USE_EXAMPLES = True  # metric_fn reads the split's examples (see runner.train_and_evaluate)
 MODEL_CLASS = BertSuiteForQuestionAnswering
@@ -212,12 +213,85 @@ def answer_report(dataset: datasets.Dataset) -> dict[str, Any]:
     return report
 
 
+FILE_EXTENSIONS = (".json", ".jsonl", ".parquet")
+HUB_COLUMNS = ("id", "context", "question", "answers")
+
+
+def is_official_json(path: Path) -> bool:
+    """Whether a .json file is in the official nested layout ({"data": [{"paragraphs": ...}]})."""
+    try:
+        document = json.loads(read_text(path, "a SQuAD JSON file"))
+    except (json.JSONDecodeError, DataError):
+        return False  # not JSON at all, or not there: the generic reader names the problem
+    articles = document.get("data") if isinstance(document, dict) else None
+    return isinstance(articles, list) and (not articles or isinstance(articles[0], dict) and "paragraphs" in articles[0])
+
+
+def read_squad_file(card: TaskCard, split: str, path: Path, skip_bad_rows: bool = False
+                    ) -> tuple[datasets.Dataset, dict[str, Any]]:
+    """One split from a data file: the official nested JSON, or flat records in the Hub layout (id, context,
+    question, answers = {"text": [...], "answer_start": [...]}; title optional) as JSON, JSON Lines or Parquet,
+    as the transformers question-answering example reads them. Each record is checked as a question of the
+    official file is; in a v2.0 task, empty answers mark an unanswerable question."""
+    suffix = check_extension(path, FILE_EXTENSIONS, "squad",
+                             "the official SQuAD JSON, or id/context/question/answers records in JSON, JSON Lines "
+                             "or Parquet")
+    training = split == card.train_split
+    if suffix == ".json" and is_official_json(path):
+        return read_squad_json(path, skip_bad=True, skip_bad_rows=skip_bad_rows, require_answers=training)
+    table = read_data_file(path, "question records with id, context, question and answers")
+    labelled = "answers" in table.column_names
+    check_columns(table, path, list(HUB_COLUMNS if labelled or training else HUB_COLUMNS[:3]),
+                  "the question-answering columns")
+    version_2 = bool(squad_options(card)["version_2_with_negative"])
+    columns: dict[str, list] = {"id": [], "title": [], "context": [], "question": [], "answers": []}
+    report = _new_report()
+    seen: dict[str, str] = {}
+    has_title = "title" in table.column_names
+    for row, record in enumerate(table, start=1):
+        title = str(record["title"]) if has_title and record["title"] is not None else ""
+        qid = record["id"]
+        try:
+            if not isinstance(qid, (str, int)) or isinstance(qid, bool) or str(qid) == "":
+                raise DataError(f"{path}: row {row}: no id; expected a non-empty question id")
+            qid = str(qid)
+            context, answers = record["context"], record.get("answers") if labelled else None
+            if not isinstance(context, str):
+                raise DataError(f"{path}: row {row} (question {qid!r}): context must be text, got {context!r}")
+            if answers is not None and not (isinstance(answers, dict) and isinstance(answers.get("text"), list)
+                                            and isinstance(answers.get("answer_start"), list)
+                                            and len(answers["text"]) == len(answers["answer_start"])):
+                raise DataError(f'{path}: row {row} (question {qid!r}): answers must be {{"text": [...], '
+                                f'"answer_start": [...]}} of equal length, got {answers!r}')
+            pairs = [] if answers is None else [{"text": t, "answer_start": a}
+                                                for t, a in zip(answers["text"], answers["answer_start"], strict=True)]
+            qa = {"question": record["question"], "answers": pairs, "is_impossible": version_2 and not pairs}
+            example = _read_question(Path(f"{path}: row {row}"), title, context, qa, qid, seen, report, skip_bad=True,
+                                     require_answers=training)
+        except DataError:
+            if not skip_bad_rows:
+                raise
+            report["skipped_questions"] += 1
+            continue
+        seen[qid] = title
+        for name, value in example.items():
+            columns[name].append(value)
+    if not columns["id"]:
+        raise DataError(f"{path}: no usable questions in the file")
+    info = datasets.DatasetInfo(description=str(path), features=SQUAD_FEATURES)
+    return datasets.Dataset.from_dict(columns, features=SQUAD_FEATURES, info=info), report
+
+
 def load_split(card: TaskCard, split: str, data_dir: str | Path | None = None,
                skip_bad_rows: bool = False) -> datasets.Dataset:
     """One split of questions: from `data_dir` (the folder with the card's JSON files, or one .json file) when
     given, else from the Hub. Prints the number of bad answers when there are any."""
     spec = card.splits[split]
-    if data_dir is not None:
+    data_file = data_file_of(card, split)
+    if data_file is not None:
+        dataset, report = read_squad_file(card, split, data_file, skip_bad_rows)
+        source = str(data_file)
+    elif data_dir is not None:
         path = Path(data_dir)
         if not (path.suffix.lower() == ".json" and not path.is_dir()):
             if spec.file is None:

@@ -31,6 +31,14 @@ GLUE_METRIC_FIELDS: dict[str, tuple[str, ...]] = {
     "ax": _ACC,
     "hans": _ACC,
 }
+# Every metric a classification card may name: GLUE's, and those of a task without a GLUE name (a card
+# built from the user's files), computed by the same scorers.
+METRIC_FIELDS: dict[str, tuple[str, ...]] = {
+    **GLUE_METRIC_FIELDS,
+    "accuracy": _ACC,
+    "accuracy_f1": _ACC_F1,  # F1 of label id 1 (the second of two sorted labels)
+    "pearson_spearman": ("pearson", "spearmanr"),
+}
 
 
 def glue_metrics(task: str, predictions: Sequence | np.ndarray, references: Sequence | np.ndarray) -> dict[str, float]:
@@ -41,8 +49,8 @@ def glue_metrics(task: str, predictions: Sequence | np.ndarray, references: Sequ
     Raises ValueError for an unknown task, 2-D (e.g. logit) inputs, inputs of different
     lengths, empty inputs, and non-finite stsb scores.
     """
-    if task not in GLUE_METRIC_FIELDS:
-        raise ValueError(f"unknown GLUE task {task!r}; known tasks: {', '.join(GLUE_METRIC_FIELDS)}")
+    if task not in METRIC_FIELDS:
+        raise ValueError(f"unknown GLUE task {task!r}; known tasks: {', '.join(METRIC_FIELDS)}")
     preds, refs = np.asarray(predictions), np.asarray(references)
     for name, values in (("predictions", preds), ("references", refs)):
         if values.ndim != 1:
@@ -58,7 +66,7 @@ def glue_metrics(task: str, predictions: Sequence | np.ndarray, references: Sequ
     if len(preds) == 0:
         raise ValueError(f"predictions and references are empty; {task} needs at least one example")
 
-    if task == "stsb":
+    if "spearmanr" in METRIC_FIELDS[task]:  # stsb, and regression tasks of the user's own
         return _correlations(preds, refs)
     from sklearn.metrics import f1_score, matthews_corrcoef
 
@@ -66,7 +74,7 @@ def glue_metrics(task: str, predictions: Sequence | np.ndarray, references: Sequ
         # sklearn already returns 0.0 (not NaN) when a side holds a single class.
         return {"matthews_correlation": float(matthews_corrcoef(refs, preds))}
     scores = {"accuracy": float(np.mean(preds == refs))}
-    if "f1" in GLUE_METRIC_FIELDS[task]:
+    if "f1" in METRIC_FIELDS[task]:
         # zero_division=0.0 is the value sklearn's default gives too, minus a warning on every
         # evaluation of a model that never predicts (or never meets) the positive class.
         scores["f1"] = float(f1_score(refs, preds, pos_label=1, average="binary", zero_division=0.0))
