@@ -83,13 +83,18 @@ def search_space(card: TaskCard, preset: str | None = None, **axes) -> dict[str,
     return {axis: base[axis] for axis in AXES}
 
 
-def study_name(card: TaskCard, space: dict[str, list]) -> str:
+def study_name(card: TaskCard, space: dict[str, list], max_samples: dict | None = None) -> str:
     """One study per (task, grid): Optuna cannot change a parameter's value set inside a study, so
     a changed grid (another learning rate, more seeds) or changed card options in the same folder
     or database is its own study; rerunning the same grid finds its study and skips what is done."""
     key = {k: sorted(map(float, v)) for k, v in space.items()}
     if card.options:  # e.g. NER's context or SQuAD's doc_stride: other data, so another study
         key["options"] = card.options
+    files = {split: spec.data_file for split, spec in card.splits.items() if spec.data_file}
+    if files:  # --train_file etc.: other data, so another study
+        key["data_files"] = files
+    if max_samples and any(v is not None for v in max_samples.values()):
+        key["max_samples"] = max_samples
     digest = hashlib.sha256(json.dumps(key, default=str).encode()).hexdigest()
     return f"{card.name}-grid-{digest[:10]}"
 
@@ -148,7 +153,7 @@ def trial_records(study: optuna.Study) -> list[dict]:
 
 def run_grid(card: TaskCard, model: str, output_dir: str, data_dir: str | None = None, tokenizer: str | None = None,
              max_seq_length: int | None = None, space: dict[str, list] | None = None, storage: str | None = None,
-             keep_all: bool = False, overrides: dict | None = None) -> dict:
+             keep_all: bool = False, overrides: dict | None = None, max_samples: dict | None = None) -> dict:
     """Run every grid point not yet finished; keep the best checkpoint in output_dir/best; write
     the report. Returns {"best": record or None, "records": [...], "files": {...}}."""
     out = Path(output_dir)
@@ -156,7 +161,7 @@ def run_grid(card: TaskCard, model: str, output_dir: str, data_dir: str | None =
     space = space or search_space(card)
     storage = storage or f"sqlite:///{(out / 'grid.db').resolve()}"
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = optuna.create_study(study_name=study_name(card, space), storage=storage, load_if_exists=True,
+    study = optuna.create_study(study_name=study_name(card, space, max_samples), storage=storage, load_if_exists=True,
                                 direction="maximize", sampler=_GridSampler(space, seed=0))
     points = set(itertools.product(*space.values()))
     metric = selection_key(card)
@@ -168,7 +173,8 @@ def run_grid(card: TaskCard, model: str, output_dir: str, data_dir: str | None =
             bar.refresh()
         if len(done) >= len(points):
             break
-        prepared = prepared or prepare(card, model, data_dir, tokenizer, max_seq_length)
+        prepared = prepared or prepare(card, model, data_dir, tokenizer, max_seq_length,
+                                          max_samples=max_samples)
         # after prepare, so that a bad model, tokenizer or data file is an error line without a bar
         bar = bar or tqdm(total=len(points), initial=len(done), desc=f"grid {card.name}", unit="trial")
         orphans = orphaned_trials(study)
@@ -214,7 +220,8 @@ def run_grid(card: TaskCard, model: str, output_dir: str, data_dir: str | None =
         failpoint("grid.trial_told")
         _keep_if_best(study, trial.number, trial_dir, out, keep_all)
         write_manifest(out / "run_manifest.json", prepared, model, data_dir, args,
-                       {"grid": space, "study_storage": storage.split("///")[0] + "///...", "selection": metric})
+                       {"grid": space, "study_storage": storage.split("///")[0] + "///...", "selection": metric,
+                        "max_samples": max_samples})
     if bar is not None:
         bar.close()
     records = trial_records(study)

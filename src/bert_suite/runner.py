@@ -29,7 +29,7 @@ from transformers import Trainer, TrainingArguments
 
 from . import __version__, adapters
 from .adapters import TaskAdapter
-from .cards import TaskCard
+from .cards import CARD_FILE, TaskCard, save_card
 from .configuration_bert_suite import BertSuiteConfig
 from .io import atomic_write_text
 from .tokenization import check_max_seq_length, load_tokenizer
@@ -180,16 +180,25 @@ class Prepared:
 
 def prepare(card: TaskCard, model: str, data_dir: str | None = None, tokenizer: str | None = None,
             max_seq_length: int | None = None, splits: list[str] | None = None,
-            skip_bad_rows: bool = False, predicting: bool = False) -> Prepared:
+            skip_bad_rows: bool = False, predicting: bool = False,
+            max_samples: dict[str, int | None] | None = None) -> Prepared:
     """Load the card's splits (default: train + dev) and tokenise them once, with the card's labels
-    in the order of the checkpoint's id2label (see `labels_of_checkpoint`)."""
+    in the order of the checkpoint's id2label (see `labels_of_checkpoint`). `max_samples` keeps the
+    first N examples of the train, dev ("eval") or predicted ("predict") splits, as the example
+    scripts' --max_train_samples, --max_eval_samples and --max_predict_samples."""
     card = labels_of_checkpoint(card, model, strict=predicting)
     tok = load_tokenizer(model, tokenizer)
     max_len = check_max_seq_length(int(max_seq_length or card.defaults.get("max_seq_length", 128)))
-    if splits is None:
+    if splits is None:  # train and dev, and test files given to the run (read now: a bad one fails before training)
         splits = [s for s in [card.train_split, *card.eval_splits] if s]
+        splits += [s for s in card.test_splits if card.splits[s].data_file and s not in splits]
     adapter = adapter_for(card)
     raw = {s: adapter.load_split(card, s, data_dir, skip_bad_rows) for s in splits}
+    for split, dataset in raw.items():
+        role = "train" if split == card.train_split else "predict" if predicting else "eval"
+        limit = (max_samples or {}).get(role)
+        if limit is not None and limit < len(dataset):
+            raw[split] = dataset.select(range(limit))
     encoded = {s: adapter.preprocess(d, card, tok, max_len, train=s == card.train_split) for s, d in raw.items()}
     return Prepared(card, tok, raw, encoded, max_len, {s: d._fingerprint for s, d in raw.items()})
 
@@ -296,6 +305,7 @@ def train_and_evaluate(prepared: Prepared, model_name: str, args: TrainingArgume
             metrics.update({f"chosen_{k}": v for k, v in chosen.items()})
     history = [entry for entry in trainer.state.log_history if any(k.startswith("eval_") for k in entry)]
     trainer.save_model(str(save_to or out))
+    save_card(card, Path(save_to or out) / CARD_FILE)  # predict finds the task beside the checkpoint
     atomic_write_text(Path(save_to or out) / TASK_SETTINGS_FILE, json.dumps(settings, indent=2, sort_keys=True))
     atomic_write_text(out / "all_results.json", json.dumps(metrics, indent=2, sort_keys=True))
     return {"metrics": metrics, "history": history, "train_runtime": metrics["train_runtime"]}
@@ -303,7 +313,8 @@ def train_and_evaluate(prepared: Prepared, model_name: str, args: TrainingArgume
 
 def predict(card: TaskCard, model: str, split: str, data_dir: str | None, output_dir: str,
             tokenizer: str | None = None, batch_size: int = 64, settings: dict | None = None,
-            max_seq_length: int | None = None, options: dict | None = None) -> Path:
+            max_seq_length: int | None = None, options: dict | None = None,
+            max_samples: int | None = None) -> Path:
     """Predict one split with a fine-tuned checkpoint, applying the settings it carries (card
     options, max_seq_length, the SQuAD v2 null threshold chosen on dev); `settings`, `options`
     and `max_seq_length` override them. Writes the task's prediction files under
@@ -313,7 +324,8 @@ def predict(card: TaskCard, model: str, split: str, data_dir: str | None, output
     # The card options and length the model was trained with, unless given now (e.g. --context).
     card = dataclasses.replace(card, options={**card.options, **saved.get("options", {}), **(options or {})})
     max_seq_length = max_seq_length or saved.get("max_seq_length")
-    prepared = prepare(card, model, data_dir, tokenizer or model, max_seq_length, splits=[split], predicting=True)
+    prepared = prepare(card, model, data_dir, tokenizer or model, max_seq_length, splits=[split], predicting=True,
+                       max_samples={"predict": max_samples})
     card = prepared.card  # its labels in the checkpoint's order
     net = load_model(card, model, prepared.max_seq_length)
     args = TrainingArguments(output_dir=output_dir, per_device_eval_batch_size=batch_size, report_to="none")
@@ -369,6 +381,7 @@ def write_manifest(path: Path, prepared: Prepared, model: str, data_dir: str | N
         "card": prepared.card.path,
         "model": model,
         "data_dir": str(Path(data_dir).resolve()) if data_dir else None,
+        "data_files": {split: spec.data_file for split, spec in prepared.card.splits.items() if spec.data_file},
         "max_seq_length": prepared.max_seq_length,
         "card_options": prepared.card.options,
         "training_arguments": {k: getattr(args, k) for k in keep},
