@@ -23,7 +23,7 @@ def test_help_and_usage_errors_import_neither_torch_nor_the_package():
     done = _fresh(probe)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == "[]"
-    assert "invalid choice: 'fintune'" in done.stderr and "required: task" in done.stderr
+    assert "invalid choice: 'fintune'" in done.stderr and "required: --model" in done.stderr
 
 
 def test_the_top_level_help_starts_a_newcomer_and_groups_every_command(capsys):

@@ -57,7 +57,8 @@ def _training_overrides(rest: list[str]) -> dict:
 
 
 # Flags whose values are checked before anything is read: name -> smallest allowed value.
-_FLAG_MINIMUMS = {"batch_size": 1, "hidden": 1, "num_proc": 1, "max_steps": 1}
+_FLAG_MINIMUMS = {"batch_size": 1, "hidden": 1, "num_proc": 1, "max_steps": 1, "max_train_samples": 1,
+                  "max_eval_samples": 1, "max_predict_samples": 1}
 
 
 def _check_flags(args: argparse.Namespace) -> None:
@@ -96,6 +97,26 @@ def _tasks(args: argparse.Namespace, rest: list[str]) -> None:
     print(f"\n{len(rows) - 1} task cards in {tasks_dir()}; run one with `bert-suite finetune TASK --model ...`")
 
 
+def _data_source(card, data_dir: str | None, splits: list[str] | None = None) -> str | None:
+    """Where the run's data comes from, for `_needs_hub`: --data_dir, a data file when every split read
+    has one, else None (the Hub)."""
+    if data_dir:
+        return data_dir
+    splits = splits or [s for s in [card.train_split, *card.eval_splits] if s]
+    files = [card.splits[s].data_file for s in splits if s in card.splits]
+    return files[0] if files and len(files) == len(splits) and all(files) else None
+
+
+def _save_run_card(card, args: argparse.Namespace, output_dir: str):
+    """Save the run's card as OUTPUT/task_card.yaml; a card built from the files is named by it from now on."""
+    from .cards import CARD_FILE, save_card
+
+    path = save_card(card, Path(output_dir) / CARD_FILE)
+    if args.task is None:
+        card.path = str(path)
+    return card
+
+
 def _needs_hub(*sources: str | None) -> None:
     """Fail fast offline: when a source is neither a local path nor a preset, and the Hub does not
     answer, go offline so a missing cache entry errors at once (naming --data_dir / --model)."""
@@ -125,16 +146,20 @@ def _check_push(args: argparse.Namespace, card) -> None:
 def _finetune(args: argparse.Namespace, rest: list[str]) -> None:
     from .runner import prepare, train_and_evaluate, training_arguments, write_manifest
 
-    card = _load_card(args)
     overrides = _training_overrides(rest)  # flags first: a typo must not wait on the network
+    card = _load_card(args)
     _check_push(args, card)
-    _needs_hub(args.model, args.data_dir, args.tokenizer or args.model)
+    _needs_hub(args.model, _data_source(card, args.data_dir), args.tokenizer or args.model)
     output_dir = args.output_dir or f"runs/{card.name}"
+    card = _save_run_card(card, args, output_dir)
     training = training_arguments(card, output_dir, overrides)
+    samples = {"train": args.max_train_samples, "eval": args.max_eval_samples}
     prepared = prepare(card, args.model, args.data_dir, args.tokenizer, args.max_seq_length,
-                       skip_bad_rows=args.skip_bad_rows)
+                       skip_bad_rows=args.skip_bad_rows, max_samples=samples)
     result = train_and_evaluate(prepared, args.model, training)
-    write_manifest(Path(output_dir) / "run_manifest.json", prepared, args.model, args.data_dir, training)
+    write_manifest(Path(output_dir) / "run_manifest.json", prepared, args.model, args.data_dir, training,
+                   {"max_samples": samples})
+    _predict_test_files(card, output_dir, args)
     if args.push_to_hub:
         _push(card, output_dir, args, result["metrics"], training)
     print(json.dumps({k: v for k, v in result["metrics"].items() if k.startswith("eval_")}, indent=2))
@@ -148,21 +173,36 @@ GRID_AXES = {"learning_rate": "--learning_rates", "per_device_train_batch_size":
 def _grid(args: argparse.Namespace, rest: list[str]) -> None:
     from .grid import run_grid, search_space
 
-    card = _load_card(args)
     overrides = _training_overrides(rest)  # flags first: a typo must not wait on the network
+    card = _load_card(args)
     owned = [f"--{name} (use {flag})" for name, flag in GRID_AXES.items() if name in overrides]
     if owned:  # the grid would overwrite it with its own values
         raise ValueError(f"{', '.join(owned)}: the grid sets this for every trial; give its values with the grid flag")
     _check_push(args, card)
-    _needs_hub(args.model, args.data_dir, args.tokenizer or args.model)
+    _needs_hub(args.model, _data_source(card, args.data_dir), args.tokenizer or args.model)
     output_dir = args.output_dir or f"runs/{card.name}-grid"
+    card = _save_run_card(card, args, output_dir)
     space = search_space(card, args.grid, learning_rate=args.learning_rates,
                          per_device_train_batch_size=args.batch_sizes, num_train_epochs=args.epochs, seed=args.seeds)
     result = run_grid(card, args.model, output_dir, args.data_dir, args.tokenizer, args.max_seq_length, space,
-                      args.storage, args.keep_all, overrides)
+                      args.storage, args.keep_all, overrides,
+                      max_samples={"train": args.max_train_samples, "eval": args.max_eval_samples})
     print(Path(result["files"]["grid_results.md"]).read_text() if "grid_results.md" in result["files"] else result)
+    if result["best"] is not None:
+        _predict_test_files(card, str(Path(output_dir) / "best"), args)
     if args.push_to_hub and result["best"] is not None:
         _push(card, str(Path(output_dir) / "best"), args, result["best"]["metrics"], None, result)
+
+
+def _predict_test_files(card, model_dir: str, args: argparse.Namespace) -> None:
+    """--test_file on finetune/grid: predict it with the trained (grid: best) checkpoint, as the example
+    scripts' --do_predict; the files go to the checkpoint folder's predictions/."""
+    from .runner import predict
+
+    for split in card.test_splits:
+        if card.splits[split].data_file:
+            path = predict(card, model_dir, split, None, model_dir, args.tokenizer, max_seq_length=args.max_seq_length)
+            print(f"wrote {path}")
 
 
 def _push(card, folder, args, metrics, training, grid_result=None) -> None:
@@ -188,10 +228,10 @@ def _predict(args: argparse.Namespace, rest: list[str]) -> None:
     from .runner import predict
 
     card = _load_card(args)
-    _needs_hub(args.model, args.data_dir)
     splits = card.test_splits if args.split == "test" else card.eval_splits if args.split == "dev" else [args.split]
     if not splits:
-        raise ValueError(f"task {card.name} has no test split; predict new data with --split dev --data_dir FILE")
+        raise ValueError(f"task {card.name} has no test split; predict new data with --test_file FILE")
+    _needs_hub(args.model, _data_source(card, args.data_dir, splits))
     settings = {}
     if args.null_score_diff_threshold is not None:
         settings["null_score_diff_threshold"] = args.null_score_diff_threshold
@@ -200,7 +240,8 @@ def _predict(args: argparse.Namespace, rest: list[str]) -> None:
             raise ValueError(f"task {card.name} has no split {split!r} (splits: {', '.join(card.splits)})")
         path = predict(card, args.model, split, args.data_dir, args.output_dir or args.model, args.tokenizer,
                        settings=settings, max_seq_length=args.max_seq_length,
-                       options={"context": args.context} if args.context else None)
+                       options={"context": args.context} if args.context else None,
+                       max_samples=args.max_predict_samples)
         print(f"wrote {path}")
 
 
@@ -278,10 +319,36 @@ def _feature_ner(args: argparse.Namespace, rest: list[str]) -> None:
 
 
 def _load_card(args: argparse.Namespace):
-    """The card, with the family options given on the command line."""
+    """The run's card: TASK's (predict: the one saved with the checkpoint), or one built from --train_file
+    and --validation_file; its splits pointed at the data-file flags; the family options given on the
+    command line."""
     from .cards import load_card
+    from .own_files import card_from_files, load_run_card, with_data_files
 
-    card = load_card(args.task)
+    files = {role: getattr(args, f"{role}_file", None) for role in ("train", "validation", "test")}
+    family = getattr(args, "task_family", None)
+    columns = {"text_columns": getattr(args, "text_columns", None), "label_column": getattr(args, "label_column", None)}
+    if args.task is None and args.command == "predict":
+        card = with_data_files(load_run_card(args.model), *files.values())
+    elif args.task is None:
+        if not files["train"]:
+            raise ValueError("give a TASK (a card name or path; `bert-suite tasks` lists them), or --train_file and "
+                             "--validation_file to fine-tune on your own files without a card")
+        if not files["validation"]:
+            raise ValueError("--validation_file: a task without a card needs a dev file (the metrics, and the "
+                             "grid's choice, are computed on it)")
+        card = card_from_files(files["train"], files["validation"], files["test"], family or "classification",
+                               **columns)
+    else:
+        card = load_card(args.task)
+        if family and family != card.family:
+            raise ValueError(f"--task_family {family}: {card.path} is a {card.family} task; --task_family is for "
+                             "tasks without a card")
+        given = [f"--{name}" for name, value in columns.items() if value]
+        if given:
+            raise ValueError(f"{', '.join(given)}: for tasks without a card; {card.path} names its columns "
+                             "(text_columns, label_column)")
+        card = with_data_files(card, *files.values())
     if getattr(args, "context", None):
         if card.family != "ner":
             raise ValueError(f"--context applies to NER cards; {card.name} is a {card.family} task")

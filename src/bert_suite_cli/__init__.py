@@ -50,8 +50,9 @@ start here:
                                                    -> pre-training -> fine-tuning grid (offline)
   bert-suite grid rte --model bert-base-uncased    GLUE RTE with the paper's learning-rate x batch size
                                                    x epochs grid and random restarts
-  bert-suite finetune my_task.yaml --model bert-base-uncased --data_dir my_data
-                                                   fine-tune on your own files (a task card: see tasks/)
+  bert-suite finetune --model bert-base-uncased --train_file train.csv --validation_file dev.csv
+                                                   fine-tune on your own CSV, JSON Lines or Parquet
+                                                   files (no task card needed)
 
 `bert-suite COMMAND --help` shows a command's flags and an example."""
 
@@ -64,11 +65,25 @@ def _command_list() -> str:
     return "\n".join(lines)
 
 
+FAMILY_NAMES = ("classification", "squad", "multiple_choice", "ner")  # = bert_suite.cards.FAMILIES (tested)
+
+
 def _add_run_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("task", help="task card name (rte, glue/mnli, ...) or path to a card YAML")
+    p.add_argument("task", nargs="?", help="task card name (rte, glue/mnli, ...) or path to a card YAML; leave it "
+                   "out to fine-tune on --train_file/--validation_file without a card")
     p.add_argument("--model", required=True,
                    help="Hub id or local checkpoint (stock BERT or bert_suite), or preset:NAME for random weights")
     p.add_argument("--data_dir", help="folder with the task's original files (default: the Hub)")
+    _add_file_flags(p, "train", "validation", "test")
+    p.add_argument("--max_train_samples", type=int, help="keep the first N training examples (quick runs)")
+    p.add_argument("--max_eval_samples", type=int, help="keep the first N examples of each dev split")
+    p.add_argument("--task_family", choices=FAMILY_NAMES,
+                   help="without a card: the kind of task the files hold (default: classification; squad reads "
+                   "SQuAD JSON, multiple_choice SWAG-style CSV, ner CoNLL files)")
+    p.add_argument("--text_columns", nargs="+", metavar="COLUMN",
+                   help="without a card: the one or two text columns (default: sentence1 sentence2 when present, "
+                   "else the first one or two text columns)")
+    p.add_argument("--label_column", help="without a card: the label column (default: label)")
     p.add_argument("--output_dir", help="output folder (default: runs/TASK)")
     p.add_argument("--tokenizer", help="tokenizer folder or vocab.txt (default: the model's)")
     p.add_argument("--max_seq_length", type=int, help="default: the card's (128 for GLUE)")
@@ -76,6 +91,15 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--push_to_hub", action="store_true", help="push the final/best checkpoint with a model card")
     p.add_argument("--hub_model_id", help="Hub repository for --push_to_hub")
     _add_context_flag(p)
+
+
+def _add_file_flags(p: argparse.ArgumentParser, *roles: str) -> None:
+    what = {"train": "training data", "validation": "dev data (metrics, model selection)",
+            "test": "data to predict (unlabelled)"}
+    for role in roles:
+        p.add_argument(f"--{role}_file", metavar="FILE",
+                       help=f"{what[role]}: CSV, TSV, JSON, JSON Lines or Parquet (or the family's own format: "
+                       "SQuAD JSON, SWAG CSV, CoNLL text); overrides the card's source for this split")
 
 
 def _add_context_flag(p: argparse.ArgumentParser) -> None:
@@ -111,10 +135,13 @@ def build_parser() -> argparse.ArgumentParser:
     grid.set_defaults(func="_grid", takes_training_flags=True)
 
     pred = sub.add_parser("predict", help="predict a split with a fine-tuned checkpoint")
-    pred.add_argument("task")
+    pred.add_argument("task", nargs="?", help="task card name or path (default: the task_card.yaml saved with "
+                      "the checkpoint)")
     pred.add_argument("--model", required=True, help="fine-tuned checkpoint folder")
     pred.add_argument("--split", default="test", help="test (all test splits), dev, or a split name")
     pred.add_argument("--data_dir")
+    _add_file_flags(pred, "test", "validation")
+    pred.add_argument("--max_predict_samples", type=int, help="predict the first N examples only")
     pred.add_argument("--tokenizer")
     pred.add_argument("--output_dir", help="default: the model folder")
     pred.add_argument("--max_seq_length", type=int, help="default: the card's")
@@ -239,12 +266,27 @@ def _plain_negative_numbers(argv: list[str]) -> list[str]:
     return [format(Decimal(a), "f") if _EXPONENT_NUMBER.fullmatch(a) else a for a in argv]
 
 
+def _give_back_flag_value(args: argparse.Namespace, argv: list[str], rest: list[str]) -> None:
+    """TASK is optional (a card-less run names its files instead), so argparse takes the first stray word for
+    it, e.g. the 1e-3 of `finetune --train_file f.csv --learning_rate 1e-3` (a TrainingArguments flag it does
+    not know). Such a word is the value of the unknown flag before it: hand it back to that flag."""
+    task = getattr(args, "task", None)
+    if task is None or not rest or args.command not in argv:
+        return
+    where = argv.index(task, argv.index(args.command) + 1)
+    before = argv[where - 1]
+    if before.startswith("--") and "=" not in before and before in rest:
+        rest.insert(rest.index(before) + 1, task)
+        args.task = None
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run `bert-suite ARGS`; returns the exit status (2: a usage or input error, printed as one line)."""
     parser = build_parser()
     argv = _plain_negative_numbers(sys.argv[1:] if argv is None else list(argv))
     try:  # argparse prints its usage and message, then exits; return that status instead
         args, rest = parser.parse_known_args(argv)
+        _give_back_flag_value(args, argv, rest)
         if rest and not getattr(args, "takes_training_flags", False):
             parser.error(f"unrecognized arguments: {' '.join(rest)}")
     except SystemExit as done:
@@ -259,8 +301,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bert-suite {args.command}: error: {err}", file=sys.stderr)
         return 2
     return 0
-
-
 
 
 if __name__ == "__main__":
