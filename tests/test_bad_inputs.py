@@ -2,8 +2,9 @@
 command. Each case writes a bad file (or gives a bad flag) under tmp_path and runs `bert-suite` in-process; the
 command must exit non-zero with one message naming the file (or flag), the record and what was expected, and
 no traceback. Cases with a skip option (`--skip_bad_rows`) call the reader directly and check that the skipped
-records are counted and reported. No case trains a model: every error happens while reading data, tokenising,
-loading the model or checking flags."""
+records are counted and reported. No case trains a model (one fine-tunes for a single step, to have the run
+folder `predict` reads its card from): every error happens while reading data, tokenising, loading the model or
+checking flags."""
 
 from __future__ import annotations
 
@@ -303,6 +304,38 @@ def pretrain_config(text: str) -> Callable:
 def with_tokenizer(argv: list[str], path: Path) -> list[str]:
     at = argv.index("--tokenizer") + 1
     return [*argv[:at], str(path), *argv[at + 1:]]
+
+
+OWN_CSV = "sentence1,sentence2,label\nthe man walks,apple,pos\nthe woman looks,lemon,neg\n"
+RTE_CSV = "sentence1,sentence2,label\nthe man walks,apple,entailment\nthe woman looks,lemon,not_entailment\n"
+
+
+def files_run(tmp: Path, env: Env, *args: str) -> list[str]:
+    """`finetune ARGS` with its data given by the data-file flags only (no --data_dir)."""
+    return ["finetune", *args, "--model", "preset:tiny", "--tokenizer", str(env.vocab), "--output_dir",
+            str(tmp / "run"), "--max_seq_length", "32", "--max_steps", "1", "--disable_tqdm", "true"]
+
+
+def files_case(train: tuple[str, str | bytes], *extra: str, task: str | None = None,
+               validation: tuple[str, str] | None = ("dev.csv", OWN_CSV)) -> Callable:
+    """finetune (card-less unless `task`) with --train_file NAME holding the text given, and --validation_file."""
+
+    def make(tmp, env):
+        files = ["--train_file", str(write(tmp / train[0], train[1]))]
+        if validation is not None:
+            files += ["--validation_file", str(write(tmp / validation[0], validation[1]))]
+        return files_run(tmp, env, *([task] if task else []), *files, *extra)
+
+    return make
+
+
+def predict_labelled_test_file(tmp, env):
+    """A card-less fine-tune of 1 step writes the run folder (with its task_card.yaml); then `predict` with no
+    TASK on a test file that has labels."""
+    code = cli_main(files_case(("train.csv", OWN_CSV))(tmp, env))
+    assert code == 0 and (tmp / "run" / "task_card.yaml").is_file(), "the 1-step fine-tune of the run folder failed"
+    return ["predict", "--model", str(tmp / "run"), "--test_file", str(write(tmp / "test.csv", OWN_CSV)),
+            "--output_dir", str(tmp / "out"), "--max_seq_length", "32"]
 
 
 # ---------------------------------------------------------------------------------------------------- the cases
@@ -649,6 +682,71 @@ CASES = [
          r"--batch_size", r"got 0", r"must be at least 1"),
     Case("flag-dupe-factor-zero", "CLI flag", "`pretrain-data --dupe_factor 0`",
          pretrain_data(None, None, "--dupe_factor", "0"), r"dupe_factor", r"got 0", r"must be at least 1"),
+    # ---------------------------------------------------------------- data-file flags (--train_file ..., no card)
+    Case("files-unknown-extension", "Data-file flags", "`--train_file train.xlsx` (card-less)",
+         files_case(("train.xlsx", "sentence1,sentence2,label\n")),
+         r"train\.xlsx", r"unknown extension '\.xlsx'", r"expected a CSV, TSV, JSON, JSON Lines or Parquet file"),
+    Case("files-missing-text-column", "Data-file flags", "`finetune rte --train_file x.csv` whose header lacks sentence2",
+         files_case(("x.csv", "sentence1,label\nthe man walks,entailment\n"), task="rte", validation=("dev.csv", RTE_CSV)),
+         r"x\.csv", r"no column 'sentence2'", r"expected the task's text and label columns .*found: sentence1, label"),
+    Case("files-no-label-column", "Data-file flags", "a card-less train file without a label column",
+         files_case(("nolabel.csv", "text,target\nthe man walks,pos\nthe woman looks,neg\n")),
+         r"nolabel\.csv", r"no label column 'label' \(found: text, target\)", r"--label_column"),
+    Case("files-mixed-label-types", "Data-file flags", "labels 1 and pos in one train file",
+         files_case(("mixed.csv", "text,label\nthe man walks,1\nthe woman looks,pos\n")),
+         r"mixed\.csv", r"row 1: '1'\) and text \(row 2: 'pos'\)", r"expected labels of one type"),
+    Case("files-validation-label-unseen", "Data-file flags", "a validation file with a label the train file lacks",
+         files_case(("train.csv", OWN_CSV), validation=("dev.csv", OWN_CSV + "the man looks,berry,maybe\n")),
+         r"dev\.csv", r"row 3: label 'maybe'", r"does not occur in the train file \S*train\.csv \(labels: neg, pos\)"),
+    Case("files-test-file-with-labels", "Data-file flags", "`predict --model RUN --test_file test.csv` with a label "
+         "column", predict_labelled_test_file,
+         r"test\.csv", r"column 'label'", r"a test file with labels.*expected unlabelled rows"),
+    Case("files-empty-file", "Data-file flags", "`--train_file` an empty file",
+         files_case(("empty.csv", "")), r"empty\.csv", r"empty file", r"expected rows of text columns and a label column"),
+    Case("files-header-only", "Data-file flags", "`--train_file` a CSV with a header and no rows",
+         files_case(("header.csv", "sentence1,sentence2,label\n")),
+         r"header\.csv", r"no data rows \(header only\?\)", r"expected rows"),
+    Case("files-squad-csv", "Data-file flags", "`finetune squad --train_file train.csv`",
+         files_case(("train.csv", OWN_CSV), task="squad", validation=("dev.json", json.dumps(squad_doc(qa())))),
+         r"train\.csv", r"the squad family cannot read \.csv files", r"expected the official SQuAD JSON"),
+    Case("files-ner-csv", "Data-file flags", "`finetune conll2003 --train_file train.csv`",
+         files_case(("train.csv", OWN_CSV), task="conll2003", validation=("valid.txt", CONLL_GOOD)),
+         r"train\.csv", r"the ner family cannot read \.csv files", r"expected a CoNLL file"),
+    Case("files-no-validation-file", "Data-file flags", "card-less `--train_file` without `--validation_file`",
+         files_case(("train.csv", OWN_CSV), validation=None),
+         r"--validation_file", None, r"a task without a card needs a dev file"),
+    Case("files-no-task-no-train-file", "Data-file flags", "`finetune` with no TASK and no `--train_file`",
+         lambda tmp, env: files_run(tmp, env), r"--train_file", None, r"give a TASK"),
+    Case("files-task-family-with-card", "Data-file flags", "`finetune rte --task_family ner`",
+         lambda tmp, env: finetune("rte", rte_data(tmp), tmp, env, "--task_family", "ner"),
+         r"--task_family ner", r"rte\.yaml is a classification task", r"--task_family is for tasks without a card"),
+    Case("files-text-columns-with-card", "Data-file flags", "`finetune rte --text_columns a b`",
+         lambda tmp, env: finetune("rte", rte_data(tmp), tmp, env, "--text_columns", "a", "b"),
+         r"--text_columns", r"rte\.yaml names its columns", r"for tasks without a card"),
+    Case("files-max-train-samples-zero", "Data-file flags", "`--max_train_samples 0`",
+         files_case(("train.csv", OWN_CSV), "--max_train_samples", "0"),
+         r"--max_train_samples", r"got 0", r"must be at least 1"),
+    Case("files-predict-no-run-card", "Data-file flags", "`predict --model FOLDER` (no TASK) on a folder without "
+         "task_card.yaml",
+         lambda tmp, env: ["predict", "--model", str(model_copy(tmp, env, "checkpoint")), "--tokenizer", str(env.vocab),
+                           "--test_file", str(write(tmp / "test.csv", "sentence1,sentence2\nthe man,apple\n")),
+                           "--output_dir", str(tmp / "out"), "--max_seq_length", "32"],
+         r"checkpoint", r"no task_card\.yaml beside the checkpoint", r"give the TASK"),
+    Case("files-ner-tag-ids", "Data-file flags", "card-less `--task_family ner` on JSON Lines whose ner_tags are "
+         "integers", files_case(("ner.jsonl", '{"tokens": ["the", "man"], "ner_tags": [0, 1]}\n'), "--task_family",
+                                "ner", validation=("dev.jsonl", '{"tokens": ["the", "man"], "ner_tags": [0, 1]}\n')),
+         r"ner\.jsonl", r"row 1: ner_tags holds class ids \(0\) without names", r"expected tag names"),
+    Case("files-finetune-test-file-with-labels", "Data-file flags", "`finetune --test_file test.csv` with a label "
+         "column (read before training)",
+         lambda tmp, env: files_case(("train.csv", OWN_CSV), "--test_file", str(write(tmp / "test.csv", OWN_CSV)))(
+             tmp, env), r"test\.csv", r"column 'label'", r"a test file with labels.*expected unlabelled rows"),
+    Case("files-test-file-missing", "Data-file flags", "`finetune --test_file missing.csv` (no such file)",
+         files_case(("train.csv", OWN_CSV), "--test_file", "missing.csv"),
+         r"missing\.csv", r"--test_file", r"file not found"),
+    Case("files-bad-json-lines", "Data-file flags", "a JSON Lines train file whose third line is cut short",
+         files_case(("train.jsonl", '{"text": "the man", "label": "pos"}\n{"text": "a man", "label": "neg"}\n'
+                                    '{"text": "the woman", "label": \n'), validation=("dev.jsonl", "{}\n")),
+         r"train\.jsonl:3:", r"train\.jsonl:3: not valid JSON", r"expected one JSON object per line"),
 ]
 
 assert len({c.id for c in CASES}) == len(CASES), "case ids must be unique"

@@ -409,8 +409,8 @@ def test_tiny_model_learns_entities_with_document_windows_and_predicts_a_test_fi
     card_path.write_text(yaml.safe_dump(card))
     out = tmp_path / "run"
     assert cli_main(["finetune", str(card_path), "--model", "preset:tiny", "--tokenizer", str(data / "vocab.txt"),
-                     "--data_dir", str(data), "--output_dir", str(out), "--disable_tqdm", "true",
-                     "--learning_rate", "2e-3", "--num_train_epochs", "3", "--per_device_train_batch_size", "8",
+                     "--train_file", str(data / "train.txt"), "--validation_file", str(data / "valid.txt"),
+                     "--output_dir", str(out), "--disable_tqdm", "true", "--learning_rate", "2e-3", "--num_train_epochs", "3", "--per_device_train_batch_size", "8",
                      "--warmup_steps", "0", "--seed", "3"]) == 0
     printed = capsys.readouterr().out
     assert f"{data / 'train.txt'}: IOB1 tags detected, converted to IOB2" in printed

@@ -63,9 +63,12 @@ def small_card(folder: Path, version_2: bool) -> Path:
     return path
 
 
-def finetune(data: Path, card: Path, out: Path) -> dict:
+def finetune(data: Path, card: Path, out: Path, files: bool = False) -> dict:
+    """One run on the folder (--data_dir), or on the two files (--train_file, --validation_file)."""
+    source = ["--train_file", str(data / "train.json"), "--validation_file", str(data / "dev.json")] if files \
+        else ["--data_dir", str(data)]
     assert cli_main(["finetune", str(card), "--model", "preset:tiny", "--tokenizer", str(data / "vocab.txt"),
-                     "--data_dir", str(data), "--output_dir", str(out), "--disable_tqdm", "true",
+                     *source, "--output_dir", str(out), "--disable_tqdm", "true",
                      "--learning_rate", "1e-3", "--num_train_epochs", "3", "--per_device_train_batch_size", "16",
                      "--seed", "3"]) == 0
     return json.loads((out / "all_results.json").read_text())
@@ -103,7 +106,7 @@ def test_v1_tiny_model_learns_spans_and_the_drop_in_scorer_agrees(tmp_path, caps
 def test_v2_threshold_is_chosen_on_dev_saved_and_applied_by_predict(tmp_path, capsys, report):
     data = write_squad_like(tmp_path / "data", version_2=True)
     out = tmp_path / "run"
-    results = finetune(data, small_card(tmp_path, True), out)
+    results = finetune(data, small_card(tmp_path, True), out, files=True)
     report("SQuAD-like v2 dev best F1 (tiny, 3 epochs)", f"{100 * results['eval_best_f1']:.1f}")
     # Always answering "no answer" scores the unanswerable third, about 33 F1.
     assert results["eval_best_f1"] > 0.6

@@ -275,8 +275,8 @@ def test_tiny_model_learns_a_swag_like_task_and_predicts_test(tmp_path, report):
     card_path = small_card(tmp_path)
     out = tmp_path / "run"
     assert cli_main(["finetune", str(card_path), "--model", "preset:tiny", "--tokenizer", str(data / "vocab.txt"),
-                     "--data_dir", str(data), "--output_dir", str(out), "--disable_tqdm", "true",
-                     "--learning_rate", "1e-3", "--num_train_epochs", "2", "--per_device_train_batch_size", "16",
+                     "--train_file", str(data / "train.csv"), "--validation_file", str(data / "dev_split.csv"),
+                     "--output_dir", str(out), "--disable_tqdm", "true", "--learning_rate", "1e-3", "--num_train_epochs", "2", "--per_device_train_batch_size", "16",
                      "--seed", "1"]) == 0
     results = json.loads((out / "all_results.json").read_text())
     report("SWAG-like dev accuracy (tiny, 2 epochs)", f"{100 * results['eval_accuracy']:.1f}")
