@@ -115,44 +115,59 @@ def read_squad_json(path: str | Path, skip_bad: bool = True, *, skip_bad_rows: b
                         '{"version": ..., "data": [...]}') from None
     if not isinstance(document, dict) or not isinstance(document.get("data"), list):
         raise DataError(f'{path}: expected a JSON object with a "data" list of articles (the SQuAD layout)')
-
-    columns: dict[str, list] = {"id": [], "title": [], "context": [], "question": [], "answers": []}
     report = _new_report()
+
+    def questions():
+        for a_index, article in enumerate(document["data"]):
+            yield from _article_questions(path, a_index, article, report, skip_bad, require_answers)
+
+    return _collect(path, questions(), report, skip_bad_rows), report
+
+
+def _article_questions(path: Path, a_index: int, article: Any, report: dict, skip_bad: bool, require_answers: bool):
+    """Readers of one article's questions (each raises a DataError for a bad question); a malformed article or
+    a question without an id is an error at once."""
+    if not isinstance(article, dict) or not isinstance(article.get("paragraphs"), list):
+        raise DataError(f'{path}: article {a_index} ({_title_of(article)!r}): expected an object with a '
+                        '"paragraphs" list')
+    title = _title_of(article)
+    for p_index, paragraph in enumerate(article["paragraphs"]):
+        where = f"{path}: article {title!r}, paragraph {p_index}"
+        if not isinstance(paragraph, dict) or not isinstance(paragraph.get("qas"), list):
+            raise DataError(f'{where}: expected an object with "context" and a "qas" list')
+        context = paragraph.get("context")
+        if not isinstance(context, str):
+            raise DataError(f'{where}: "context" must be a string, got {type(context).__name__}')
+        for qa in paragraph["qas"]:
+            if not isinstance(qa, dict):
+                raise DataError(f"{where}: expected question objects in qas, got {type(qa).__name__}")
+            qid = qa.get("id")
+            if not isinstance(qid, (str, int)) or isinstance(qid, bool) or str(qid) == "":
+                raise DataError(f'{where}: a question has no "id" (expected a non-empty string)')
+            yield lambda seen, qa=qa, qid=str(qid), context=context: _read_question(
+                path, title, context, qa, qid, seen, report, skip_bad, require_answers)
+
+
+def _collect(path: Path, questions, report: dict, skip_bad_rows: bool) -> datasets.Dataset:
+    """Run each question's reader (given the ids seen so far) into a dataset in the Hub layout; a bad
+    question is an error, or with `skip_bad_rows` left out and counted in the report."""
+    columns: dict[str, list] = {"id": [], "title": [], "context": [], "question": [], "answers": []}
     seen: dict[str, str] = {}  # question id -> title of its article
-    for a_index, article in enumerate(document["data"]):
-        if not isinstance(article, dict) or not isinstance(article.get("paragraphs"), list):
-            raise DataError(f'{path}: article {a_index} ({_title_of(article)!r}): expected an object with a '
-                            '"paragraphs" list')
-        title = _title_of(article)
-        for p_index, paragraph in enumerate(article["paragraphs"]):
-            where = f"{path}: article {title!r}, paragraph {p_index}"
-            if not isinstance(paragraph, dict) or not isinstance(paragraph.get("qas"), list):
-                raise DataError(f'{where}: expected an object with "context" and a "qas" list')
-            context = paragraph.get("context")
-            if not isinstance(context, str):
-                raise DataError(f'{where}: "context" must be a string, got {type(context).__name__}')
-            for qa in paragraph["qas"]:
-                if not isinstance(qa, dict):
-                    raise DataError(f"{where}: expected question objects in qas, got {type(qa).__name__}")
-                qid = qa.get("id")
-                if not isinstance(qid, (str, int)) or isinstance(qid, bool) or str(qid) == "":
-                    raise DataError(f'{where}: a question has no "id" (expected a non-empty string)')
-                qid = str(qid)
-                try:
-                    record = _read_question(path, title, context, qa, qid, seen, report, skip_bad, require_answers)
-                except DataError:
-                    if not skip_bad_rows:
-                        raise
-                    report["skipped_questions"] += 1
-                    continue
-                seen[qid] = title
-                for name, value in record.items():
-                    columns[name].append(value)
+    for read in questions:
+        try:
+            record = read(seen)
+        except DataError:
+            if not skip_bad_rows:
+                raise
+            report["skipped_questions"] += 1
+            continue
+        seen[record["id"]] = record["title"]
+        for name, value in record.items():
+            columns[name].append(value)
     if not columns["id"]:
         raise DataError(f"{path}: no usable questions in the file")
     info = datasets.DatasetInfo(description=str(path), features=SQUAD_FEATURES)  # preprocess names the file by it
-    dataset = datasets.Dataset.from_dict(columns, features=SQUAD_FEATURES, info=info)
-    return dataset, report
+    return datasets.Dataset.from_dict(columns, features=SQUAD_FEATURES, info=info)
 
 
 def _title_of(article: Any) -> str:
@@ -244,17 +259,16 @@ def read_squad_file(card: TaskCard, split: str, path: Path, skip_bad_rows: bool 
     check_columns(table, path, list(HUB_COLUMNS if labelled or training else HUB_COLUMNS[:3]),
                   "the question-answering columns")
     version_2 = bool(squad_options(card)["version_2_with_negative"])
-    columns: dict[str, list] = {"id": [], "title": [], "context": [], "question": [], "answers": []}
     report = _new_report()
-    seen: dict[str, str] = {}
     has_title = "title" in table.column_names
-    for row, record in enumerate(table, start=1):
-        title = str(record["title"]) if has_title and record["title"] is not None else ""
-        qid = record["id"]
-        try:
+
+    def question(row: int, record: dict):
+        """The reader of one record (see `_collect`): the official file's checks, on the record's fields."""
+        def read(seen):
+            title = str(record["title"]) if has_title and record["title"] is not None else ""
+            qid = record["id"]
             if not isinstance(qid, (str, int)) or isinstance(qid, bool) or str(qid) == "":
                 raise DataError(f"{path}: row {row}: no id; expected a non-empty question id")
-            qid = str(qid)
             context, answers = record["context"], record.get("answers") if labelled else None
             if not isinstance(context, str):
                 raise DataError(f"{path}: row {row} (question {qid!r}): context must be text, got {context!r}")
@@ -266,20 +280,12 @@ def read_squad_file(card: TaskCard, split: str, path: Path, skip_bad_rows: bool 
             pairs = [] if answers is None else [{"text": t, "answer_start": a}
                                                 for t, a in zip(answers["text"], answers["answer_start"], strict=True)]
             qa = {"question": record["question"], "answers": pairs, "is_impossible": version_2 and not pairs}
-            example = _read_question(Path(f"{path}: row {row}"), title, context, qa, qid, seen, report, skip_bad=True,
-                                     require_answers=training)
-        except DataError:
-            if not skip_bad_rows:
-                raise
-            report["skipped_questions"] += 1
-            continue
-        seen[qid] = title
-        for name, value in example.items():
-            columns[name].append(value)
-    if not columns["id"]:
-        raise DataError(f"{path}: no usable questions in the file")
-    info = datasets.DatasetInfo(description=str(path), features=SQUAD_FEATURES)
-    return datasets.Dataset.from_dict(columns, features=SQUAD_FEATURES, info=info), report
+            return _read_question(Path(f"{path}: row {row}"), title, context, qa, str(qid), seen, report,
+                                  skip_bad=True, require_answers=training)
+        return read
+
+    questions = (question(row, record) for row, record in enumerate(table, start=1))
+    return _collect(path, questions, report, skip_bad_rows), report
 
 
 def load_split(card: TaskCard, split: str, data_dir: str | Path | None = None,
