@@ -305,3 +305,10 @@ def test_a_flag_value_is_never_taken_for_the_task(argv, task, rest):
     args, left = build_parser().parse_known_args(argv)
     _give_back_flag_value(args, argv, left)
     assert args.task == task and left == rest
+
+
+def test_the_parser_offers_every_family():
+    from bert_suite.cards import FAMILIES
+    from bert_suite_cli import FAMILY_NAMES
+
+    assert FAMILY_NAMES == FAMILIES  # the parser cannot import the package (no torch at --help)
