@@ -108,3 +108,86 @@ def offline_evaluate(tmp_path_factory):
         del sys.modules[k]
     sys.modules.update(saved_modules)
     assert attempts == []
+
+
+# A real PostgreSQL server for the tests of Optuna storages shared by several grid workers.
+
+POSTGRES_BIN = "/usr/lib/postgresql/15/bin"
+POSTGRES_TEST_DB = "bert_suite_test"
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def postgres_url():
+    """`postgresql+psycopg://postgres@127.0.0.1:PORT/bert_suite_test`: a PostgreSQL 15 server of its own
+    (a temporary data folder, 127.0.0.1 on a free port, trust authentication, fsync off), started once
+    per session (about 1.5 s) and stopped at the end. The explicit `+psycopg` driver names psycopg 3
+    whatever the SQLAlchemy version (SQLAlchemy < 2.1 maps a plain `postgresql://` to psycopg2).
+    As root the server runs as the `postgres` user (it refuses root); as any other user, as that user.
+    Skipped where the server binaries, the `postgres` user (as root) or psycopg are missing."""
+    import importlib.util
+    import pwd
+    import shlex
+    import shutil
+    import subprocess
+    import time
+
+    if importlib.util.find_spec("psycopg") is None:
+        pytest.skip("psycopg not installed: pip install 'bert-suite[postgres]'")
+    missing = [b for b in ("initdb", "pg_ctl", "postgres") if not os.access(os.path.join(POSTGRES_BIN, b), os.X_OK)]
+    if missing:
+        pytest.skip(f"PostgreSQL 15 server binaries not found in {POSTGRES_BIN} ({', '.join(missing)}): "
+                    "install the postgresql-15 package")
+    as_postgres = os.geteuid() == 0
+    if as_postgres:
+        try:
+            pg_user = pwd.getpwnam("postgres")
+        except KeyError:
+            pytest.skip("running as root and there is no `postgres` system user to run the PostgreSQL server as")
+
+    import psycopg
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        cmd = [os.path.join(POSTGRES_BIN, args[0]), *args[1:]]
+        if as_postgres:
+            cmd = ["su", "postgres", "-s", "/bin/sh", "-c", shlex.join(cmd)]
+        # stdin closed and the server's output in its log file, so that nothing holds our pipes open.
+        return subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
+
+    root = tempfile.mkdtemp(prefix="bs_pg_")  # short: the socket path must stay under ~107 characters
+    if as_postgres:
+        os.chown(root, pg_user.pw_uid, pg_user.pw_gid)
+    os.chmod(root, 0o700)
+    data, log = os.path.join(root, "data"), os.path.join(root, "server.log")
+    started = False
+    try:
+        t0 = time.perf_counter()
+        done = run("initdb", "-D", data, "-U", "postgres", "-A", "trust", "-E", "UTF8", "--locale=C", "--no-sync")
+        if done.returncode != 0:
+            pytest.fail(f"initdb failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
+        for _attempt in range(3):  # another process may take the free port between its choice and the bind
+            port = _free_port()
+            options = (f"-c listen_addresses=127.0.0.1 -p {port} -c unix_socket_directories={data} "
+                       "-c fsync=off -c synchronous_commit=off -c full_page_writes=off")
+            done = run("pg_ctl", "-D", data, "-l", log, "-w", "-t", "30", "-o", options, "start")
+            if done.returncode == 0:
+                started = True
+                break
+            server_log = open(log).read() if os.path.exists(log) else ""
+            if "could not bind" not in server_log and "already in use" not in server_log:
+                break
+        if not started:
+            pytest.fail(f"PostgreSQL did not start ({done.returncode}):\n{done.stdout}\n{done.stderr}\n{server_log}")
+        with psycopg.connect(f"postgresql://postgres@127.0.0.1:{port}/postgres", autocommit=True) as conn:
+            conn.execute(f"CREATE DATABASE {POSTGRES_TEST_DB}")
+        REPORTED["PostgreSQL fixture start-up (initdb + start + createdb)"] = f"{time.perf_counter() - t0:.2f} s"
+        yield f"postgresql+psycopg://postgres@127.0.0.1:{port}/{POSTGRES_TEST_DB}"
+    finally:
+        if started:
+            run("pg_ctl", "-D", data, "-m", "immediate", "stop")
+        shutil.rmtree(root, ignore_errors=True)
