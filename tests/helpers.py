@@ -5,6 +5,7 @@ checks that); shared fixtures are in conftest.py."""
 import importlib.util
 import os
 import random
+import uuid
 from pathlib import Path
 
 import torch
@@ -246,3 +247,18 @@ class FakeApi:
         FakeApi.calls.append(("upload_folder", kwargs))
         if FakeApi.fail_with:
             raise FakeApi.fail_with
+
+
+# ---------------------------------------------------------------------------------- PostgreSQL
+
+
+def fresh_database(postgres_url: str) -> str:
+    """A new, empty database on the fixture's server; its storage URL (same driver as postgres_url)."""
+    import psycopg
+
+    server, _ = postgres_url.rsplit("/", 1)
+    name = f"db_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(server.replace("postgresql+psycopg://", "postgresql://") + "/postgres",
+                         autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name}")
+    return f"{server}/{name}"

@@ -10,27 +10,15 @@ import multiprocessing
 import subprocess
 import sys
 import textwrap
-import uuid
 
 import optuna
-import pytest
+
+from helpers import fresh_database
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 WORKERS = 3
 RACE_ROUNDS = 3
-
-
-def fresh_database(postgres_url: str) -> str:
-    """A new, empty database on the fixture's server; its storage URL (same driver as postgres_url)."""
-    import psycopg
-
-    server, _ = postgres_url.rsplit("/", 1)
-    name = f"race_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(server.replace("postgresql+psycopg://", "postgresql://") + "/postgres",
-                         autocommit=True) as conn:
-        conn.execute(f"CREATE DATABASE {name}")
-    return f"{server}/{name}"
 
 
 def study_names(url: str) -> list[str]:
@@ -125,7 +113,6 @@ def _open_study_worker(url: str, barrier, results) -> None:
         results.put(("error", f"{type(e).__name__}: {e}"))
 
 
-@pytest.mark.xfail(raises=ImportError, strict=False, reason="open_study not yet written")
 def test_open_study_reopens_the_same_study(postgres_url):
     from bert_suite.grid import open_study
 
@@ -139,7 +126,6 @@ def test_open_study_reopens_the_same_study(postgres_url):
     assert study_names(url) == ["s"]
 
 
-@pytest.mark.xfail(raises=ImportError, strict=False, reason="open_study not yet written")
 def test_open_study_first_start_race(postgres_url):
     """Three workers open the same study at once on a fresh database: all succeed, on one study.
     The workers are forked (not `sys.executable` subprocesses like the plain-Optuna test) because

@@ -58,7 +58,7 @@ def _training_overrides(rest: list[str]) -> dict:
 
 # Flags whose values are checked before anything is read: name -> smallest allowed value.
 _FLAG_MINIMUMS = {"batch_size": 1, "hidden": 1, "num_proc": 1, "max_steps": 1, "max_train_samples": 1,
-                  "max_eval_samples": 1, "max_predict_samples": 1}
+                  "max_eval_samples": 1, "max_predict_samples": 1, "heartbeat_interval": 1, "grace_period": 1}
 
 
 def _check_flags(args: argparse.Namespace) -> None:
@@ -186,7 +186,8 @@ def _grid(args: argparse.Namespace, rest: list[str]) -> None:
                          per_device_train_batch_size=args.batch_sizes, num_train_epochs=args.epochs, seed=args.seeds)
     result = run_grid(card, args.model, output_dir, args.data_dir, args.tokenizer, args.max_seq_length, space,
                       args.storage, args.keep_all, overrides,
-                      max_samples={"train": args.max_train_samples, "eval": args.max_eval_samples})
+                      max_samples={"train": args.max_train_samples, "eval": args.max_eval_samples},
+                      heartbeat_interval=args.heartbeat_interval, grace_period=args.grace_period)
     print(Path(result["files"]["grid_results.md"]).read_text() if "grid_results.md" in result["files"] else result)
     if result["best"] is not None:
         _predict_test_files(card, str(Path(output_dir) / "best"), args)

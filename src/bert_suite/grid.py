@@ -17,9 +17,12 @@ import itertools
 import json
 import math
 import os
+import random
 import shutil
 import socket
+import threading
 import time
+import warnings
 from pathlib import Path
 
 import optuna
@@ -99,6 +102,146 @@ def study_name(card: TaskCard, space: dict[str, list], max_samples: dict | None 
     return f"{card.name}-grid-{digest[:10]}"
 
 
+HEARTBEAT_INTERVAL = 30  # seconds between a running trial's heartbeats
+GRACE_PERIOD = 120  # seconds without a heartbeat after which a trial's worker counts as dead
+POLL_SECONDS = 5  # how often a worker with nothing to pop looks at the others' trials
+
+
+class StorageError(RunError):
+    """A study storage that cannot be used (driver missing, database unreachable, another grid)."""
+
+
+def _safe_url(url: str) -> str:
+    try:
+        from sqlalchemy.engine import make_url
+
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # not a URL SQLAlchemy can parse: say it as given, minus anything after a colon in the netloc
+        return url.split("@")[-1]
+
+
+def _requeue(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+    """heartbeat_stale_trial_callback: a trial failed because its worker stopped beating goes back in the queue."""
+    if set(AXES) <= set(trial.params):
+        study.enqueue_trial({a: trial.params[a] for a in AXES}, user_attrs={"requeued_from": trial.number})
+
+
+def open_study(storage: str, name: str, sampler=None, heartbeat_interval: int = HEARTBEAT_INTERVAL,
+               grace_period: int = GRACE_PERIOD, attempts: int = 8) -> optuna.Study:
+    """The grid's study on `storage` (created by the first worker), with heartbeats. Several workers
+    starting together on a fresh database race to create its tables and the study: the loser's
+    integrity error is retried. A missing driver or an unreachable database is a StorageError
+    naming the URL (without its password)."""
+    import sqlalchemy.exc
+
+    # Heartbeats are marked experimental, and Optuna expects them with Study.optimize; the grid drives
+    # trials with ask/tell (to record failures with their reasons) and beats itself (_Heartbeat).
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning, module="optuna")
+    warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
+    safe = _safe_url(storage)
+    kwargs: dict = {}
+    if storage.startswith("sqlite"):
+        kwargs = {"connect_args": {"timeout": 60}}  # wait for another worker's write instead of failing
+    elif storage.startswith(("postgresql", "mysql")):
+        kwargs = {"connect_args": {"connect_timeout": 10}, "pool_pre_ping": True}
+    for attempt in range(attempts):
+        try:
+            rdb = optuna.storages.RDBStorage(storage, engine_kwargs=kwargs, heartbeat_interval=heartbeat_interval,
+                                             grace_period=grace_period, heartbeat_stale_trial_callback=_requeue)
+            return optuna.create_study(study_name=name, storage=rdb, load_if_exists=True, direction="maximize",
+                                       sampler=sampler)
+        except ModuleNotFoundError as err:
+            extra = {"psycopg": "postgres", "psycopg2": "postgres", "pymysql": "mysql", "MySQLdb": "mysql"}
+            hint = extra.get((err.name or "").split(".")[0])
+            raise StorageError(f"--storage {safe}: the database driver {err.name!r} is not installed"
+                               + (f"; pip install 'bert-suite[{hint}]'" if hint else "")) from None
+        except (sqlalchemy.exc.IntegrityError, optuna.exceptions.DuplicatedStudyError):
+            if attempt == attempts - 1:
+                raise
+            time.sleep(0.1 * (attempt + 1) + 0.1 * random.random())  # another worker is creating it: again
+        except sqlalchemy.exc.OperationalError as err:
+            reason = str(err.orig if getattr(err, "orig", None) else err).strip().splitlines()[0][:200]
+            # SQLite: "database is locked" (another worker writes), "table ... already exists" (another worker
+            # created the tables between our check and our CREATE): both pass, try again
+            if ("locked" in reason or "already exists" in reason) and attempt < attempts - 1:
+                time.sleep(0.5 * (attempt + 1))
+                continue
+            raise StorageError(f"--storage {safe}: cannot open the database ({reason}); expected a reachable "
+                               "database URL (sqlite:///FILE, postgresql+psycopg://USER@HOST/DB, mysql://...)") from None
+        except sqlalchemy.exc.ArgumentError as err:
+            raise StorageError(f"--storage {safe}: not a database URL ({err}); expected e.g. sqlite:///grid.db or "
+                               "postgresql+psycopg://USER@HOST/DB") from None
+    raise AssertionError("unreachable")
+
+
+def enqueue_points(study: optuna.Study, space: dict[str, list]) -> int:
+    """Enqueue every grid point no trial holds yet (waiting, running, finished), in grid order; returns how
+    many. Two workers doing this at once may both enqueue a point: `_taken` makes the later copy a no-op."""
+    held = {_point(_params(t)) for t in study.get_trials(deepcopy=False) if set(AXES) <= set(_params(t))
+            and "skipped" not in t.user_attrs and not _interrupted(t)}
+    added = 0
+    for values in itertools.product(*space.values()):
+        params = dict(zip(space, values, strict=True))
+        if _point(params) not in held:
+            study.enqueue_trial(params)
+            added += 1
+    return added
+
+
+def _params(t: optuna.trial.FrozenTrial) -> dict:
+    """A trial's grid point: its parameters, or for a waiting trial (no parameters yet) those it was
+    enqueued with."""
+    return t.params if set(AXES) <= set(t.params) else t.system_attrs.get("fixed_params") or {}
+
+
+def _drop_leftovers(study: optuna.Study) -> None:
+    """Waiting copies of finished points (enqueued twice by workers starting together) are popped and marked
+    skipped, so the finished study holds no waiting trial."""
+    for _ in study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+        trial = study.ask()
+        trial.set_user_attr("skipped", True)
+        study.tell(trial, state=TrialState.PRUNED)
+
+
+def _interrupted(t: optuna.trial.FrozenTrial) -> bool:
+    """A trial failed by `fail_stale_trials` (its worker stopped beating), not by its training."""
+    return t.state == TrialState.FAIL and "error" not in t.user_attrs
+
+
+def _taken(study: optuna.Study, number: int, point: tuple, done: set) -> bool:
+    """Whether a popped trial's point is finished, or held (waiting, running, complete) by a trial numbered
+    before it: a copy enqueued twice by two workers at once, which the earlier trial covers."""
+    if point in done:
+        return True
+    return any(t.number < number and "skipped" not in t.user_attrs and set(AXES) <= set(_params(t))
+               and _point(_params(t)) == point
+               for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING, TrialState.RUNNING,
+                                                                 TrialState.COMPLETE)))
+
+
+class _Heartbeat:
+    """Records the trial's heartbeat in the study every `interval` seconds while it trains (Optuna's
+    heartbeat table, which `fail_stale_trials` reads on every worker)."""
+
+    def __init__(self, study: optuna.Study, trial_id: int, interval: int):
+        self._storage, self._trial_id, self._interval = study._storage, trial_id, interval
+        self._stop = threading.Event()
+        self._storage.record_heartbeat(trial_id)
+        self._thread = threading.Thread(target=self._run, daemon=True, name=f"heartbeat-{trial_id}")
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval):
+            try:
+                self._storage.record_heartbeat(self._trial_id)
+            except Exception as err:  # a lost connection: the next beat tries again
+                tqdm.write(f"[grid] heartbeat of trial {self._trial_id} not recorded: {type(err).__name__}")
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
 def _alive(pid: int) -> bool:
     if pid == os.getpid():
         return False  # this process is not running it: a trial it left behind (or a reused pid)
@@ -136,7 +279,7 @@ def trial_records(study: optuna.Study) -> list[dict]:
     """One record per grid point: its latest finished trial (complete or failed)."""
     latest: dict[tuple, optuna.trial.FrozenTrial] = {}
     for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL)):
-        if set(AXES) <= set(t.params) and "skipped" not in t.user_attrs:
+        if set(AXES) <= set(t.params) and "skipped" not in t.user_attrs and not _interrupted(t):
             latest[_point(t.params)] = t
     records = []
     for t in sorted(latest.values(), key=lambda t: t.number):
@@ -153,21 +296,33 @@ def trial_records(study: optuna.Study) -> list[dict]:
 
 def run_grid(card: TaskCard, model: str, output_dir: str, data_dir: str | None = None, tokenizer: str | None = None,
              max_seq_length: int | None = None, space: dict[str, list] | None = None, storage: str | None = None,
-             keep_all: bool = False, overrides: dict | None = None, max_samples: dict | None = None) -> dict:
+             keep_all: bool = False, overrides: dict | None = None, max_samples: dict | None = None,
+             heartbeat_interval: int = HEARTBEAT_INTERVAL, grace_period: int = GRACE_PERIOD) -> dict:
     """Run every grid point not yet finished; keep the best checkpoint in output_dir/best; write
-    the report. Returns {"best": record or None, "records": [...], "files": {...}}."""
+    the report. Returns {"best": record or None, "records": [...], "files": {...}}.
+
+    Any number of workers (processes, on any machines) may run this on one storage: the points are
+    enqueued once as waiting trials, and each worker pops the next (atomically, in the database), so
+    each point runs once. A worker whose points are all taken waits for the others and then writes the
+    same final report. A worker that dies is noticed by its heartbeat (every `heartbeat_interval` s):
+    after `grace_period` s without one its trial is marked failed and its point enqueued again for
+    any worker; on its own host a dead worker's trial is taken up at once, under its own number."""
+    if grace_period <= heartbeat_interval:
+        raise RunError(f"--grace_period ({grace_period} s) must be longer than --heartbeat_interval "
+                       f"({heartbeat_interval} s), or live workers would be taken for dead")
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     space = space or search_space(card)
     storage = storage or f"sqlite:///{(out / 'grid.db').resolve()}"
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = optuna.create_study(study_name=study_name(card, space, max_samples), storage=storage, load_if_exists=True,
-                                direction="maximize", sampler=_GridSampler(space, seed=0))
-    points = set(itertools.product(*space.values()))
+    study = open_study(storage, study_name(card, space, max_samples), _GridSampler(space, seed=0),
+                       heartbeat_interval, grace_period)
+    points = list(itertools.product(*space.values()))
+    enqueue_points(study, space)
     metric = selection_key(card)
     prepared = bar = None
     while True:
-        done = {_point(r) for r in trial_records(study) if _point(r) in points}
+        done = {_point(r) for r in trial_records(study) if _point(r) in set(points)}
         if bar is not None:
             bar.n = len(done)
             bar.refresh()
@@ -177,16 +332,24 @@ def run_grid(card: TaskCard, model: str, output_dir: str, data_dir: str | None =
                                           max_samples=max_samples)
         # after prepare, so that a bad model, tokenizer or data file is an error line without a bar
         bar = bar or tqdm(total=len(points), initial=len(done), desc=f"grid {card.name}", unit="trial")
+        optuna.storages.fail_stale_trials(study)  # other hosts' dead workers: their points are enqueued again
         orphans = orphaned_trials(study)
-        # An orphan keeps its number and grid point (GridSampler gives trial k point k), so the
-        # finished grid numbers its trials exactly as an uninterrupted run would.
+        if not orphans and not study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+            if not study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+                enqueue_points(study, space)  # e.g. a point whose trial was pruned: nothing left to pop
+            else:  # every point is taken: wait for the other workers (or for their heartbeats to stop)
+                time.sleep(min(POLL_SECONDS, heartbeat_interval))
+            continue
+        # An orphan keeps its number and grid point, so the finished grid numbers its trials exactly as an
+        # uninterrupted run would; otherwise pop the next waiting point (the database hands it to one worker).
         trial = optuna.trial.Trial(study, orphans[0]._trial_id) if orphans else study.ask()
         trial.set_user_attr("worker", {"host": socket.gethostname(), "pid": os.getpid()})
         params = {axis: trial.suggest_categorical(axis, values) for axis, values in space.items()}
-        if _point(params) in done:  # another worker finished this point meanwhile
+        if _taken(study, trial.number, _point(params), done):  # finished, or held by a trial before this one
             trial.set_user_attr("skipped", True)
             study.tell(trial, state=TrialState.PRUNED)
             continue
+        beat = _Heartbeat(study, trial._trial_id, heartbeat_interval)
         trial_dir = out / "trials" / f"trial-{trial.number:03d}"
         if orphans:
             tqdm.write(f"[grid] trial {trial.number} {params} was interrupted: running it again")
@@ -203,15 +366,18 @@ def run_grid(card: TaskCard, model: str, output_dir: str, data_dir: str | None =
                 raise FloatingPointError("non-finite result: " + ", ".join(f"{k}={v}" for k, v in
                                                                          (bad or {metric: value}).items()))
         except RunError:  # the model or flags cannot work for any trial: stop, leaving no record
+            beat.stop()
             trial.set_user_attr("skipped", True)
             study.tell(trial, state=TrialState.PRUNED)
             raise
         except Exception as err:  # a failed trial is recorded with its reason; the grid goes on
+            beat.stop()
             trial.set_user_attr("error", f"{type(err).__name__}: {str(err)[:500]}")
             study.tell(trial, state=TrialState.FAIL)
             shutil.rmtree(trial_dir / "checkpoint", ignore_errors=True)
             tqdm.write(f"[grid] trial {trial.number} {params} failed: {type(err).__name__}: {err}")
             continue
+        beat.stop()
         result["metrics"] = {k: v for k, v in result["metrics"].items() if k in (metric, "train_loss")
                              or (k.startswith("eval_") and not k.endswith(("runtime", "_per_second", "samples")))}
         for key in ("metrics", "history", "train_runtime"):
@@ -224,6 +390,7 @@ def run_grid(card: TaskCard, model: str, output_dir: str, data_dir: str | None =
                         "max_samples": max_samples})
     if bar is not None:
         bar.close()
+    _drop_leftovers(study)
     records = trial_records(study)
     files = write_grid_report(records, metric, out, task=card.name, paper=card.paper or None)
     best = select_best(records, metric)

@@ -130,7 +130,14 @@ def build_parser() -> argparse.ArgumentParser:
     grid.add_argument("--batch_sizes", type=int, nargs="+")
     grid.add_argument("--epochs", type=float, nargs="+")
     grid.add_argument("--seeds", type=int, nargs="+", help="random restarts (default: 42)")
-    grid.add_argument("--storage", help="Optuna storage URL (default: sqlite file in the output folder)")
+    grid.add_argument("--storage", help="Optuna storage URL shared by all workers of the grid: sqlite:///FILE for "
+                      "workers on one machine, postgresql+psycopg://USER@HOST/DB (or mysql://) across machines "
+                      "(default: grid.db in the output folder)")
+    grid.add_argument("--heartbeat_interval", type=int, default=30,
+                      help="seconds between a running trial's heartbeats in the study (default: 30)")
+    grid.add_argument("--grace_period", type=int, default=120,
+                      help="seconds without a heartbeat after which another worker takes the trial's point over "
+                      "(default: 120)")
     grid.add_argument("--keep_all", action="store_true", help="keep every trial's checkpoint, not only the best")
     grid.set_defaults(func="_grid", takes_training_flags=True)
 
