@@ -12,6 +12,7 @@ grid.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import itertools
 import json
@@ -174,9 +175,46 @@ def open_study(storage: str, name: str, sampler=None, heartbeat_interval: int = 
     raise AssertionError("unreachable")
 
 
+@contextlib.contextmanager
+def _storage_lock(study: optuna.Study):
+    """One worker at a time between enter and exit, whatever machine it runs on: a PostgreSQL advisory lock,
+    a MySQL named lock, or (SQLite: workers on one machine) a lock on a file beside the database."""
+    backend = getattr(study._storage, "_backend", study._storage)
+    engine = getattr(backend, "engine", None)
+    dialect = engine.dialect.name if engine is not None else None
+    if dialect == "sqlite" and engine.url.database:
+        import fcntl
+
+        with open(f"{engine.url.database}.enqueue.lock", "a") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+    elif dialect in ("postgresql", "mysql"):
+        from sqlalchemy import text
+
+        take, give = (("SELECT pg_advisory_lock(74656)", "SELECT pg_advisory_unlock(74656)") if dialect == "postgresql"
+                      else ("SELECT GET_LOCK('bert_suite_grid', 600)", "SELECT RELEASE_LOCK('bert_suite_grid')"))
+        with engine.connect() as conn:
+            conn.execute(text(take))
+            try:
+                yield
+            finally:
+                conn.execute(text(give))
+    else:
+        yield
+
+
 def enqueue_points(study: optuna.Study, space: dict[str, list]) -> int:
     """Enqueue every grid point no trial holds yet (waiting, running, finished), in grid order; returns how
-    many. Two workers doing this at once may both enqueue a point: `_taken` makes the later copy a no-op."""
+    many. Workers do this one at a time (`_storage_lock`), so the points are enqueued once and numbered as a
+    single worker numbers them; should a copy slip in anyway, `_taken` makes it a no-op."""
+    with _storage_lock(study):
+        return _enqueue_missing(study, space)
+
+
+def _enqueue_missing(study: optuna.Study, space: dict[str, list]) -> int:
     held = {_point(_params(t)) for t in study.get_trials(deepcopy=False) if set(AXES) <= set(_params(t))
             and "skipped" not in t.user_attrs and not _interrupted(t)}
     added = 0
