@@ -90,7 +90,7 @@ def main() -> None:
     kind = "sqlite" if args.storage == "sqlite" else "postgresql"
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     (RESULTS_DIR / f"grid_workers_{kind}.json").write_text(json.dumps(rows, indent=2))
-    print(f"| storage | workers | wall (s) | trials/min | duplicate points | per trial outside training (s) |")
+    print("| storage | workers | wall (s) | trials/min | duplicate points | per trial outside training (s) |")
     print("|---|---:|---:|---:|---:|---:|")
     for r in rows:
         print(f"| {kind} | {r['workers']} | {r['wall_s']} | {r['trials_per_minute']} | {r['duplicate_points']} | "
