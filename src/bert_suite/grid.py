@@ -151,11 +151,15 @@ def open_study(storage: str, name: str, sampler=None, heartbeat_interval: int = 
                                              grace_period=grace_period, heartbeat_stale_trial_callback=_requeue)
             return optuna.create_study(study_name=name, storage=rdb, load_if_exists=True, direction="maximize",
                                        sampler=sampler)
-        except ModuleNotFoundError as err:
-            extra = {"psycopg": "postgres", "psycopg2": "postgres", "pymysql": "mysql", "MySQLdb": "mysql"}
-            hint = extra.get((err.name or "").split(".")[0])
-            raise StorageError(f"--storage {safe}: the database driver {err.name!r} is not installed"
-                               + (f"; pip install 'bert-suite[{hint}]'" if hint else "")) from None
+        except ImportError as err:  # Optuna re-raises the driver's ModuleNotFoundError as an ImportError
+            cause = err if isinstance(err, ModuleNotFoundError) else err.__cause__ or err.__context__
+            name = getattr(cause, "name", None) or {"mysql": "pymysql", "postgresql": "psycopg"}.get(
+                storage.split(":", 1)[0].split("+", 1)[0], "the driver")
+            install = {"psycopg": "pip install 'bert-suite[postgres]'", "psycopg2": "pip install 'bert-suite[postgres]' "
+                       "and write the URL as postgresql+psycopg://...", "pymysql": "pip install pymysql",
+                       "MySQLdb": "pip install mysqlclient"}.get(name.split(".")[0])
+            raise StorageError(f"--storage {safe}: the database driver {name!r} is not installed"
+                               + (f"; {install}" if install else "")) from None
         except (sqlalchemy.exc.IntegrityError, optuna.exceptions.DuplicatedStudyError):
             if attempt == attempts - 1:
                 raise
