@@ -201,6 +201,8 @@ NOT_RESULTS = {
     ("src/bert_suite/glue_package.py", "write_zip", "ZipFile:w"): "into the atomic writer's temp file",
     ("recipes/pretrain.py", "main", "open:a"): "metrics.jsonl, a line appended per logging step (trim_log "
                                                "drops a line torn by a crash)",
+    ("src/bert_suite/grid.py", "_storage_lock", "open:a"): "an empty lock file beside the SQLite database, "
+                                                           "opened to flock it; nothing is written",
 }
 
 
