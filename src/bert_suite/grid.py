@@ -359,12 +359,12 @@ def run_grid(card: TaskCard, model: str, output_dir: str, data_dir: str | None =
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = open_study(storage, study_name(card, space, max_samples), _GridSampler(space, seed=0),
                        heartbeat_interval, grace_period)
-    points = list(itertools.product(*space.values()))
+    points = set(itertools.product(*space.values()))
     enqueue_points(study, space)
     metric = selection_key(card)
     prepared = bar = None
     while True:
-        done = {_point(r) for r in trial_records(study) if _point(r) in set(points)}
+        done = {_point(r) for r in trial_records(study) if _point(r) in points}
         if bar is not None:
             bar.n = len(done)
             bar.refresh()

@@ -18,7 +18,7 @@ import re
 from pathlib import Path
 
 from .adapters.common import DataError
-from .adapters.files import check_columns, check_extension, read_data_file
+from .adapters.files import check_columns, check_extension, label_text, read_data_file
 from .cards import CARD_FILE, SplitSpec, TaskCard, load_card
 
 FAMILY_TEMPLATES = {"squad": "squad/v1", "squad_v2": "squad/v2", "multiple_choice": "swag", "ner": "conll2003"}
@@ -192,13 +192,9 @@ def _is_regression(table, label: str, values, path: Path) -> bool:
         dtype not in _TEXT_TYPES and any(isinstance(v, float) and not v.is_integer() for v in values))
 
 
-def _label_text(value) -> str:
-    return str(int(value)) if isinstance(value, float) and value.is_integer() else str(value).strip()
-
-
 def _sorted_labels(values) -> list[str]:
     """The distinct labels as text, sorted as run_glue sorts them (numbers numerically)."""
-    distinct = {_label_text(v) for v in values}
+    distinct = {label_text(v) for v in values}
     numeric = all(_NUMBER.fullmatch(v) for v in distinct)
     return sorted(distinct, key=float) if numeric else sorted(distinct)
 
@@ -212,7 +208,7 @@ def _check_dev_labels(values, validation: Path, train: Path, label: str, labels:
         return
     known = set(labels)
     for row, value in enumerate(values, start=1):
-        if _label_text(value) not in known:
+        if label_text(value) not in known:
             raise DataError(f"{validation}: row {row}: label {value!r} does not occur in the train file {train} "
                             f"(labels: {', '.join(labels)}); expected one of them")
 

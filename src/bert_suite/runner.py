@@ -189,9 +189,11 @@ def prepare(card: TaskCard, model: str, data_dir: str | None = None, tokenizer: 
     card = labels_of_checkpoint(card, model, strict=predicting)
     tok = load_tokenizer(model, tokenizer)
     max_len = check_max_seq_length(int(max_seq_length or card.defaults.get("max_seq_length", 128)))
-    if splits is None:  # train and dev, and test files given to the run (read now: a bad one fails before training)
+    checked_only = []  # test files given to a training run: read now (a bad one fails before training), not
+    if splits is None:  # tokenised (predict does that after training, with the model's settings)
         splits = [s for s in [card.train_split, *card.eval_splits] if s]
-        splits += [s for s in card.test_splits if card.splits[s].data_file and s not in splits]
+        checked_only = [s for s in card.test_splits if card.splits[s].data_file and s not in splits]
+        splits += checked_only
     adapter = adapter_for(card)
     raw = {s: adapter.load_split(card, s, data_dir, skip_bad_rows) for s in splits}
     for split, dataset in raw.items():
@@ -199,7 +201,8 @@ def prepare(card: TaskCard, model: str, data_dir: str | None = None, tokenizer: 
         limit = (max_samples or {}).get(role)
         if limit is not None and limit < len(dataset):
             raw[split] = dataset.select(range(limit))
-    encoded = {s: adapter.preprocess(d, card, tok, max_len, train=s == card.train_split) for s, d in raw.items()}
+    encoded = {s: adapter.preprocess(d, card, tok, max_len, train=s == card.train_split) for s, d in raw.items()
+               if s not in checked_only}
     return Prepared(card, tok, raw, encoded, max_len, {s: d._fingerprint for s, d in raw.items()})
 
 

@@ -18,7 +18,7 @@ from ..io import atomic_write_text
 from ..metrics import glue_metrics
 from ..modeling_bert_suite import BertSuiteForSequenceClassification
 from .common import DataError, load_hub_split, read_text, split_file_stem
-from .files import check_columns, check_extension, data_file_of, read_data_file, row_index
+from .files import check_columns, check_extension, data_file_of, label_text, read_data_file, row_index
 
 METRICS_USE_EXAMPLES = False  # metric_fn needs the predictions and labels only
 MODEL_CLASS = BertSuiteForSequenceClassification
@@ -173,7 +173,7 @@ def label_id(card: TaskCard, value, where: str) -> int | float:
             raise DataError(f"{where}: label {value!r} is not a number; expected a score (a regression task)")
         return score
     names = card.labels
-    text = str(int(value)) if isinstance(value, float) and value.is_integer() else str(value).strip()
+    text = label_text(value)
     if text in names:
         return names.index(text)
     numeric_names = any(name.lstrip("-").isdigit() for name in names)

@@ -159,6 +159,11 @@ def check_columns(dataset, path: Path, wanted: list[str], what: str) -> None:
                         f"{', '.join(dataset.column_names)})")
 
 
+def label_text(value) -> str:
+    """A label as text: 1, 1.0 and "1" alike (CSV readers and JSON give class names and ids either way)."""
+    return str(int(value)) if isinstance(value, float) and value.is_integer() else str(value).strip()
+
+
 def row_index(dataset, path: Path) -> list[int]:
     """The rows' `idx` column (integers, e.g. GLUE's test index) when the file has one, else 0, 1, ..."""
     if "idx" not in dataset.column_names:

@@ -24,6 +24,7 @@ max-context window; candidates of all windows of a question are pooled and ranke
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -232,14 +233,19 @@ FILE_EXTENSIONS = (".json", ".jsonl", ".parquet")
 HUB_COLUMNS = ("id", "context", "question", "answers")
 
 
+_PARAGRAPHS_KEY = re.compile(r'(?<!\\)"paragraphs"\s*:')
+
+
 def is_official_json(path: Path) -> bool:
-    """Whether a .json file is in the official nested layout ({"data": [{"paragraphs": ...}]})."""
+    """Whether a .json file is in the official nested layout ({"data": [{"title": ..., "paragraphs": ...}]}),
+    from its first 64 KB (the first article's "paragraphs" key), so that the file is parsed once, by its
+    reader; a flat record file has no such key."""
     try:
-        document = json.loads(read_text(path, "a SQuAD JSON file"))
-    except (json.JSONDecodeError, DataError):
-        return False  # not JSON at all, or not there: the generic reader names the problem
-    articles = document.get("data") if isinstance(document, dict) else None
-    return isinstance(articles, list) and (not articles or isinstance(articles[0], dict) and "paragraphs" in articles[0])
+        with open(path, encoding="utf-8-sig", errors="replace") as f:
+            head = f.read(1 << 16)
+    except OSError:
+        return False  # not there: the generic reader names the problem
+    return head.lstrip().startswith("{") and _PARAGRAPHS_KEY.search(head) is not None
 
 
 def read_squad_file(card: TaskCard, split: str, path: Path, skip_bad_rows: bool = False
