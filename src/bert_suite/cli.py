@@ -285,10 +285,37 @@ def _pretrain_data(args: argparse.Namespace, rest: list[str]) -> None:
 
 
 def _corpus(args: argparse.Namespace, rest: list[str]) -> None:
+    if args.from_task:
+        return _task_corpus(args)
+    given = [f"--{name}" for name in ("split", "data_dir", "train_file") if getattr(args, name)]
+    if given:
+        raise ValueError(f"{', '.join(given)}: only with --from_task TASK (the task whose train text to write)")
     from .pretraining.corpus import build_embedded_corpus
 
-    counts = build_embedded_corpus(args.output_dir, args.heldout_share)
+    share = 0.2 if args.heldout_share is None else args.heldout_share
+    counts = build_embedded_corpus(args.output_dir, share)
     print(f"wrote {args.output_dir}/pretrain.txt and heldout.txt: {counts}")
+
+
+def _task_corpus(args: argparse.Namespace) -> None:
+    """--from_task: the task's train texts as pre-training documents (never its dev or test text)."""
+    from .cards import load_card
+    from .own_files import with_data_files
+    from .task_corpus import train_split_of, write_task_corpus
+
+    if args.heldout_share is not None:
+        raise ValueError("--heldout_share: for the embedded corpus; --from_task writes the train split only")
+    card = load_card(args.from_task)
+    split = train_split_of(card, args.split)  # before anything is read: dev and test text are refused at once
+    if args.data_dir and Path(args.data_dir).is_file():  # one file would be read whatever split it holds
+        raise ValueError(f"--data_dir {args.data_dir}: expected the task's folder (its train file is read from "
+                         "it); give a single file with --train_file")
+    card = with_data_files(card, args.train_file)
+    _needs_hub(_data_source(card, args.data_dir, [split]))
+    done = write_task_corpus(card, args.output_dir, args.data_dir, split, args.skip_bad_rows)
+    empty = f"; {done['empty_documents']:,} examples without text left out" if done["empty_documents"] else ""
+    print(f"wrote {done['file']}: {done['examples']:,} {split} examples of {card.name} -> {done['documents']:,} "
+          f"documents, {done['lines']:,} lines{empty} (read it with `bert-suite pretrain-data --format lines`)")
 
 
 def _demo(args: argparse.Namespace, rest: list[str]) -> None:

@@ -30,7 +30,8 @@ EXAMPLES = {
     "score": "bert-suite score squad --data dev-v2.0.json --predictions runs/squad/predictions/dev/predictions.json",
     "tokenizer": "bert-suite tokenizer --input corpus.txt --vocab_size 30522 --lowercase --output_dir vocab",
     "pretrain-data": "bert-suite pretrain-data --input corpus.txt --tokenizer vocab --output_dir data128",
-    "corpus": "bert-suite corpus --output_dir corpus",
+    "corpus": "bert-suite corpus --output_dir corpus\n"
+              "  bert-suite corpus --from_task sst2 --data_dir glue/SST-2 --output_dir tapt",
     "demo": "bert-suite demo --output_dir runs/demo",
     "extract-features": "bert-suite extract-features --model bert-base-cased --input valid.txt --layers all "
                         "--pool weighted --output_dir feats/dev",
@@ -235,9 +236,19 @@ def build_parser() -> argparse.ArgumentParser:
                       help="input layout (auto detects)")
     data.set_defaults(func="_pretrain_data")
 
-    corpus = sub.add_parser("corpus", help="write the embedded corpus (stdlib documentation) as text files")
+    corpus = sub.add_parser("corpus", help="write the embedded corpus (stdlib documentation), or a task's train "
+                            "texts (--from_task), as pre-training text files")
     corpus.add_argument("--output_dir", required=True)
-    corpus.add_argument("--heldout_share", type=float, default=0.2, help="documents kept out for the demo task")
+    corpus.add_argument("--heldout_share", type=float,
+                        help="embedded corpus: share of documents kept out for the demo task (default: 0.2)")
+    corpus.add_argument("--from_task", metavar="TASK",
+                        help="write this task's train texts instead (a card name or path), for task-adaptive "
+                        "pre-training: OUTPUT_DIR/TASK-train.txt, one example per document; dev and test text never")
+    corpus.add_argument("--split", help="with --from_task: the split to write; only the card's train split is "
+                        "accepted (default: it)")
+    corpus.add_argument("--data_dir", help="with --from_task: folder with the task's original files (default: the Hub)")
+    _add_file_flags(corpus, "train")
+    corpus.add_argument("--skip_bad_rows", action="store_true", help="skip malformed rows (counted and reported)")
     corpus.set_defaults(func="_corpus")
 
     demo = sub.add_parser("demo", help="the embedded demo: corpus -> vocabulary -> pre-training -> fine-tuning")
