@@ -1,0 +1,644 @@
+"""Does pre-training pay off on real GLUE tasks? (issue 17) Pre-train with the recipe, then fine-tune
+the pre-trained checkpoint and its randomly initialised twin (same config, vocabulary, grid and seeds)
+on SST-2, STS-B, MRPC, RTE and CoLA, and compare them seed by seed.
+
+    .venv/bin/python benchmarks/pretrain_payoff.py --output_dir runs/payoff --pretrain_minutes 60
+    .venv/bin/python benchmarks/pretrain_payoff.py --output_dir runs/payoff --steps 4000 --tapt
+
+Protocol: every grid setting (learning rate x batch size x epochs) runs with every seed; for each model
+separately the setting with the best MEAN dev score over the seeds is chosen (not the best single
+trial); the reported score is the per-seed list at that setting, its mean and standard error (sample
+std / sqrt(n)); the difference of the means has standard error sqrt(var_p/n_p + var_r/n_r), and the
+pre-trained model counts as ahead when the difference exceeds two of them.
+
+Stages, each skipped when its output exists (rerun the same command to resume; the recipe resumes
+from its last checkpoint and the grids from their studies):
+  OUT/tokenizer         a WordPiece vocabulary trained on the corpus (or --released_vocab)
+  OUT/data128, data512  pretrain-data instances (512: only with --phase2)
+  OUT/calibration       a short run that measures seconds per step (only with --pretrain_minutes)
+  OUT/pretrain          `accelerate launch recipes/pretrain.py` (final/, metrics.jsonl)
+  OUT/ft/MODEL/TASK     `bert-suite grid` per model and task (grid_results.csv)
+  OUT/payoff.json, OUT/summary.md
+With --tapt also OUT/tapt/ (the tasks' train texts via `bert-suite corpus --from_task`, continued
+pre-training from OUT/pretrain/final, its grids) and OUT/payoff_tapt.json, OUT/summary_tapt.md.
+Reads ../shared/data (GLUE folders, corpus, released vocabulary); skips cleanly when it is absent.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_DATA = ROOT.parent / "shared" / "data"
+BIN = Path(sys.executable).parent  # bert-suite and accelerate beside the interpreter (.venv/bin)
+
+# task -> (GLUE folder, metric name in the record, the grid's column for it)
+TASKS = {"sst2": ("SST-2", "accuracy", "eval_accuracy"), "stsb": ("STS-B", "spearman", "eval_spearmanr"),
+         "mrpc": ("MRPC", "accuracy", "eval_accuracy"), "rte": ("RTE", "accuracy", "eval_accuracy"),
+         "cola": ("CoLA", "matthews_correlation", "eval_matthews_correlation")}
+BESIDE = {"mrpc": ("f1", "eval_f1")}  # reported next to the selection metric, not selected on
+PRETRAINING_KEYS = {"device": str, "minutes": float, "model_size": str, "vocab_size": int, "steps": int,
+                    "tokens": int, "corpus": str, "held_out_mlm_perplexity": float, "held_out_nsp_accuracy": float}
+RECORD_KEYS = ("command", "pretraining", "grid", "tasks")
+
+
+# ------------------------------------------------------------------------------------ reading the grids
+
+def read_grid_scores(path: str | Path, column: str) -> dict[tuple, dict[int, float]]:
+    """A `bert-suite grid` results file (grid_results.csv) as {(learning_rate, batch_size, epochs): {seed: score}},
+    from its complete trials; failed trials (diverged, crashed) have no score and are left out."""
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    complete = [row for row in rows if row.get("state") == "complete"]
+    if not complete:
+        raise ValueError(f"{path}: no complete trial ({len(rows)} rows); expected a finished `bert-suite grid`")
+    if column not in complete[0]:
+        raise ValueError(f"{path}: no column {column!r}; expected a grid whose trials report it")
+    scores: dict[tuple, dict[int, float]] = {}
+    for row in complete:
+        if row[column] in ("", "nan"):
+            continue
+        setting = (float(row["learning_rate"]), int(row["per_device_train_batch_size"]),
+                   float(row["num_train_epochs"]))
+        scores.setdefault(setting, {})[int(row["seed"])] = float(row[column])
+    return scores
+
+
+def choose_setting(scores: dict[tuple, dict[int, float]], seeds: list[int]) -> tuple | None:
+    """The setting with the highest mean over `seeds` (ties: the first in grid order). Only settings scored
+    on every seed compete: one with a failed seed is not comparable. None when no setting has them all."""
+    full = {setting: by_seed for setting, by_seed in scores.items() if set(seeds) <= set(by_seed)}
+    if not full:
+        return None
+    return max(full, key=lambda setting: statistics.fmean(full[setting][s] for s in seeds))
+
+
+def mean_se(values: list[float]) -> tuple[float, float | None]:
+    """Mean and standard error (sample std / sqrt(n)); the error is None for a single value."""
+    mean = statistics.fmean(values)
+    return mean, (statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else None)
+
+
+def difference(ahead: list[float], behind: list[float]) -> dict:
+    """mean(ahead) - mean(behind), its standard error sqrt(var_a/n_a + var_b/n_b) (sample variances), and
+    whether the difference exceeds two standard errors."""
+    diff = statistics.fmean(ahead) - statistics.fmean(behind)
+    if min(len(ahead), len(behind)) < 2:
+        return {"difference": diff, "difference_se": None, "beyond_2se": False}
+    se = math.sqrt(statistics.variance(ahead) / len(ahead) + statistics.variance(behind) / len(behind))
+    return {"difference": diff, "difference_se": se, "beyond_2se": diff > 2 * se}
+
+
+def _setting(setting: tuple) -> dict:
+    return dict(zip(("learning_rate", "batch_size", "epochs"), setting, strict=True))
+
+
+def task_entry(task: str, grids: dict[str, dict], seeds: list[int], beside: dict[str, dict] | None = None) -> dict:
+    """One task's record entry from each model's grid scores ({model: {setting: {seed: score}}}, with
+    "pretrained" and "random" among the models): the per-seed scores at each model's own chosen setting,
+    mean and standard error, and pretrained - random (and pretrained - general, when "general" is there).
+    `beside` (MRPC's F1) is reported at the same chosen settings."""
+    entry: dict = {"metric": TASKS[task][1], "seeds": list(seeds), "chosen": {}, "mean": {}, "se": {}}
+    for model, scores in grids.items():
+        chosen = choose_setting(scores, seeds)
+        if chosen is None:
+            raise ValueError(f"{task}, {model}: no grid setting has a score for every seed {seeds}")
+        entry[model] = [scores[chosen][s] for s in seeds]
+        entry["chosen"][model] = _setting(chosen)
+        entry["mean"][model], entry["se"][model] = mean_se(entry[model])
+        if beside:
+            name = BESIDE[task][0]
+            entry.setdefault(name, {})[model] = [beside[model][chosen][s] for s in seeds]
+    entry.update(difference(entry["pretrained"], entry["random"]))
+    if "general" in grids:
+        entry["vs_general"] = difference(entry["pretrained"], entry["general"])
+    return entry
+
+
+# ------------------------------------------------------------------------------------ the record
+
+def check_record(record: dict, name: str = "payoff.json") -> dict:
+    """The record has exactly issue 17's shape: a ValueError names the first key that is missing,
+    unexpected or of the wrong type. Task entries may carry more keys than the three required."""
+    def bad(where, why):
+        raise ValueError(f"{name}: {where}: {why}")
+
+    if not isinstance(record, dict):
+        bad("the record", "expected an object")
+    for key in RECORD_KEYS:
+        if key not in record:
+            bad(key, "missing key")
+    extra = sorted(set(record) - set(RECORD_KEYS))
+    if extra:
+        bad(extra[0], f"unexpected key; expected only {', '.join(RECORD_KEYS)}")
+    if not isinstance(record["command"], str) or not record["command"]:
+        bad("command", "expected the command that made it (a string)")
+    pre = record["pretraining"]
+    if not isinstance(pre, dict):
+        bad("pretraining", "expected an object")
+    for key, kind in PRETRAINING_KEYS.items():
+        if key not in pre:
+            bad(f"pretraining.{key}", "missing key")
+        value = pre[key]
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) \
+            if kind is float else isinstance(value, kind) and not isinstance(value, bool)
+        if not ok:
+            bad(f"pretraining.{key}", f"expected {'a finite number' if kind is float else kind.__name__}, "
+                f"got {value!r}")
+    extra = sorted(set(pre) - set(PRETRAINING_KEYS))
+    if extra:
+        bad(f"pretraining.{extra[0]}", f"unexpected key; expected only {', '.join(PRETRAINING_KEYS)}")
+    if not isinstance(record["grid"], dict):
+        bad("grid", "expected an object (the grid's settings)")
+    tasks = record["tasks"]
+    if not isinstance(tasks, dict) or not tasks:
+        bad("tasks", "expected an object with at least one task")
+    for task, entry in tasks.items():
+        if task not in TASKS:
+            bad(f"tasks.{task}", f"unknown task; expected one of {', '.join(TASKS)}")
+        if not isinstance(entry, dict):
+            bad(f"tasks.{task}", "expected an object")
+        for key in ("metric", "pretrained", "random"):
+            if key not in entry:
+                bad(f"tasks.{task}.{key}", "missing key")
+        if entry["metric"] != TASKS[task][1]:
+            bad(f"tasks.{task}.metric", f"expected {TASKS[task][1]!r}, got {entry['metric']!r}")
+        for model in ("pretrained", "random"):
+            scores = entry[model]
+            if not (isinstance(scores, list) and scores and all(
+                    isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in scores)):
+                bad(f"tasks.{task}.{model}", f"expected a non-empty list of per-seed scores, got {scores!r}")
+        if len(entry["pretrained"]) != len(entry["random"]):
+            bad(f"tasks.{task}", "pretrained and random have different numbers of seeds")
+    return record
+
+
+def build_record(command: str, pretraining: dict, grid: dict, tasks: dict) -> dict:
+    """The payoff record, checked: {"command", "pretraining", "grid", "tasks"}."""
+    pretraining = {key: (float(pretraining[key]) if kind is float else pretraining[key])
+                   for key, kind in PRETRAINING_KEYS.items() if key in pretraining} | \
+                  {k: v for k, v in pretraining.items() if k not in PRETRAINING_KEYS}
+    return check_record({"command": command, "pretraining": pretraining, "grid": grid, "tasks": tasks})
+
+
+# ------------------------------------------------------------------------------------ the summary
+
+PROTOCOL = (
+    "Protocol: every grid setting (learning rate x batch size x epochs) is fine-tuned with every seed. For each "
+    "model separately, the setting with the best mean dev score over the seeds is chosen (not the best single "
+    "trial); a setting with a failed seed does not compete. A model's score is the per-seed list at its chosen "
+    "setting, with its mean and standard error (sample std / sqrt(n)). The difference of the means has standard "
+    "error sqrt(var_p/n_p + var_r/n_r); the pre-trained model is ahead when the difference exceeds two of them. "
+    "Dev sets are used whole; scores are percentages.")
+
+
+def _pct(value: float | None) -> str:
+    return "n/a" if value is None else f"{100 * value:.2f}"
+
+
+def _verdict(d: dict, ahead: str, behind: str) -> str:
+    if d["difference_se"] is None:
+        return f"{ahead} - {behind}: {_pct(d['difference'])} (one seed: no standard error)"
+    word = "ahead by more than 2 SE" if d["beyond_2se"] else "not beyond 2 SE"
+    return f"{ahead} - {behind}: {_pct(d['difference'])} ± {_pct(d['difference_se'])}: **{word}**"
+
+
+def summary_markdown(record: dict, title: str, notes: list[str] = ()) -> str:
+    """The summary: the protocol, the pre-training, then a table per task (model, chosen setting, per-seed
+    scores, mean ± SE) and the difference ± SE with its verdict."""
+    pre, grid = record["pretraining"], record["grid"]
+    lines = [f"# {title}", "", f"`{record['command']}`", "", PROTOCOL, "",
+             f"Pre-training: {pre['model_size']}, vocabulary {pre['vocab_size']:,}, {pre['steps']:,} steps, "
+             f"{pre['tokens']:,} tokens, {pre['minutes']:.1f} minutes on {pre['device']}; corpus: {pre['corpus']}. "
+             f"Held-out MLM perplexity {pre['held_out_mlm_perplexity']:.1f}, NSP accuracy "
+             f"{100 * pre['held_out_nsp_accuracy']:.1f}%.", "",
+             "Grid: " + ", ".join(f"{k} {v}" for k, v in grid.items()) + ".", *[f"- {n}" for n in notes], ""]
+    ahead = 0
+    for task, entry in record["tasks"].items():
+        models = ["pretrained", "random", *(["general"] if "general" in entry else [])]
+        beside = BESIDE.get(task)
+        header = "| model | chosen setting | per-seed " + entry["metric"] + " | mean ± SE |"
+        if beside:
+            header += f" {beside[0]} at that setting (mean) |"
+        lines += [f"## {task} ({entry['metric']})", "", header, "|---|---|---|---:|" + ("---:|" if beside else "")]
+        for model in models:
+            chosen = entry.get("chosen", {}).get(model)
+            setting = (f"lr {chosen['learning_rate']:g}, batch {chosen['batch_size']}, {chosen['epochs']:g} epochs"
+                       if chosen else "")
+            mean, se = mean_se(entry[model])
+            row = f"| {model} | {setting} | {', '.join(_pct(v) for v in entry[model])} | {_pct(mean)} ± {_pct(se)} |"
+            if beside:
+                row += f" {_pct(statistics.fmean(entry[beside[0]][model]))} |" if beside[0] in entry else " |"
+            lines.append(row)
+        d = difference(entry["pretrained"], entry["random"])
+        ahead += d["beyond_2se"]
+        lines += ["", _verdict(d, "pretrained", "random")]
+        if "general" in entry:
+            lines.append(_verdict(difference(entry["pretrained"], entry["general"]), "pretrained", "general"))
+        lines.append("")
+    lines.append(f"Pre-trained ahead by more than 2 SE on {ahead} of {len(record['tasks'])} tasks.")
+    return "\n".join(lines) + "\n"
+
+
+# ------------------------------------------------------------------------------------ running the stages
+
+def run(cmd: list[str], log: Path, what: str) -> float:
+    """Run a stage's command with its output in `log`; returns its wall seconds. A failure exits with one
+    line naming the stage and the log, after the log's last lines."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1"), "TOKENIZERS_PARALLELISM": "false"}
+    print(f"[payoff] {what}: {shlex.join(map(str, cmd))}", flush=True)
+    started = time.time()
+    with open(log, "a") as out:
+        code = subprocess.run([str(c) for c in cmd], stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT).returncode
+    if code:
+        tail = log.read_text(errors="replace").splitlines()[-15:]
+        print("\n".join(tail), file=sys.stderr)
+        raise SystemExit(f"pretrain_payoff: {what} failed (exit {code}); see {log}")
+    return time.time() - started
+
+
+def device_name() -> str:
+    import torch
+
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_name()
+    return f"cpu ({len(os.sched_getaffinity(0))} cores)"
+
+
+def recipe_overrides(args, data: dict[str, Path], vocab: Path, output_dir: Path, steps: int,
+                     learning_rate: float, init_from: Path | None = None) -> list[str]:
+    """recipes/pretrain.py key=value overrides for a run of `steps` steps."""
+    length = args.max_seq_length
+    values = {"model_size": args.model_size, "train_data": data[length], "tokenizer": vocab, "output_dir": output_dir,
+              "max_steps": steps, "warmup_steps": max(0, round(args.warmup_fraction * steps)),
+              "learning_rate": learning_rate, "per_device_train_batch_size": args.batch_size,
+              "mlm_probability": args.masking_rate, "max_predictions_per_seq": math.ceil(args.masking_rate * length),
+              "seed": args.seed, "mixed_precision": args.mixed_precision, "report_to": "none",
+              "resume_from_checkpoint": "auto", "logging_steps": max(1, min(50, steps // 20)),
+              "eval_steps": max(1, steps // 10), "save_steps": max(1, steps // 10), "eval_batches": args.eval_batches,
+              "phase1_fraction": 1.0}
+    if args.phase2:
+        values.update(train_data_phase2=data[512], phase1_fraction=1 - args.phase2_fraction,
+                      per_device_train_batch_size_phase2=max(1, args.batch_size // 4),
+                      max_predictions_per_seq_phase2=math.ceil(args.masking_rate * 512))
+    if init_from is not None:
+        values["init_from"] = init_from
+    if args.pretrain_dropout is not None:  # both only when given: the recipe's default is the preset's
+        values.update(hidden_dropout_prob=args.pretrain_dropout, attention_probs_dropout_prob=args.pretrain_dropout)
+    return [f"{k}={v}" for k, v in values.items()] + list(args.pretrain_override)
+
+
+def pretrain(args, overrides: list[str], out: Path, steps: int, what: str) -> None:
+    """Run (or resume) the recipe unless it has finished; each invocation's wall time is added to
+    out/payoff_timing.json."""
+    done = finished_steps(out)
+    if done == steps:
+        return
+    if done is not None:  # resumed from its checkpoints, it would continue under another schedule
+        raise SystemExit(f"pretrain_payoff: {out} holds a finished run of {done} steps, not {steps}; give the "
+                         "same steps or another --output_dir")
+    what = f"{what} ({steps} steps)"
+    cmd = [BIN / "accelerate", "launch", "--config_file", args.accelerate_config, ROOT / "recipes" / "pretrain.py",
+           *overrides]
+    seconds = run(cmd, out.parent / "logs" / f"{out.name}.log", what)
+    timing_file = out / "payoff_timing.json"
+    timing = json.loads(timing_file.read_text()) if timing_file.is_file() else []
+    timing.append({"seconds": seconds, "finished": time.strftime("%Y-%m-%d %H:%M:%S")})
+    timing_file.write_text(json.dumps(timing, indent=2))
+
+
+def finished_steps(out: Path) -> int | None:
+    results = out / "pretrain_results.json"
+    if results.is_file() and (out / "final" / "config.json").is_file():
+        return json.loads(results.read_text())["step"]
+    return None
+
+
+def data_stats(folder: Path) -> dict:
+    return json.loads((folder / "pretrain_data_stats.json").read_text())
+
+
+def calibrate(args, data, vocab, out: Path) -> tuple[float, float]:
+    """Seconds per optimizer step of the planned run (phases weighted by their share) and the calibration's
+    own wall seconds, from a short run with the same settings: the tokens per second of the last logged
+    window of each phase (the first window holds the start-up)."""
+    result_file = out / "calibration.json"
+    if not result_file.is_file():
+        steps = args.calibration_steps
+        overrides = recipe_overrides(args, data, vocab, out / "run", steps, args.learning_rate)
+        overrides += [f"logging_steps={max(1, steps // (4 if args.phase2 else 2))}", f"eval_steps={steps}",
+                      f"save_steps={steps}", "eval_batches=1", "resume_from_checkpoint=null"]
+        if args.phase2:
+            overrides.append("phase1_fraction=0.5")
+        seconds = run([BIN / "accelerate", "launch", "--config_file", args.accelerate_config,
+                       ROOT / "recipes" / "pretrain.py", *overrides], out / "calibration.log", "calibration")
+        logs = [json.loads(line) for line in (out / "run" / "metrics.jsonl").read_text().splitlines()]
+        per_step = {}
+        for phase, length, batch in ((1, args.max_seq_length, args.batch_size), (2, 512, max(1, args.batch_size // 4))):
+            windows = [log for log in logs if log["phase"] == phase]
+            if windows:
+                per_step[phase] = batch * data_stats(data[length])["mean_instance_length"] / windows[-1]["tokens_per_second"]
+        result_file.write_text(json.dumps({"seconds_per_step": per_step, "wall_seconds": seconds,
+                                           "steps": steps}, indent=2))
+    result = json.loads(result_file.read_text())
+    per_step = {int(k): v for k, v in result["seconds_per_step"].items()}
+    share2 = args.phase2_fraction if args.phase2 else 0.0
+    mean_step = (1 - share2) * per_step[1] + share2 * per_step.get(2, per_step[1])
+    print(f"[payoff] calibration: {per_step[1]:.3f} s a phase-1 step"
+          + (f", {per_step[2]:.3f} s a phase-2 step" if 2 in per_step else "") + f" ({result['wall_seconds']:.0f} s)")
+    return mean_step, result["wall_seconds"]
+
+
+def fine_tuning_checkpoint(final: Path, size: str) -> Path:
+    """The checkpoint the grids start from: `final`, or, when it was pre-trained with other dropout than the
+    preset's, a twin folder (links to its files) whose config has the preset's dropout, so the pre-trained
+    model and its random twin fine-tune with the same config."""
+    from bert_suite import BertSuiteConfig
+
+    preset = BertSuiteConfig.from_preset(size)
+    config = json.loads((final / "config.json").read_text())
+    keys = ("hidden_dropout_prob", "attention_probs_dropout_prob")
+    if all(config.get(k) == getattr(preset, k) for k in keys):
+        return final
+    twin = final.parent / "final-finetune"
+    twin.mkdir(exist_ok=True)
+    for path in final.iterdir():
+        if path.name != "config.json" and not (twin / path.name).exists():
+            (twin / path.name).symlink_to(path.resolve())
+    config.update({k: getattr(preset, k) for k in keys})
+    (twin / "config.json").write_text(json.dumps(config, indent=2))
+    return twin
+
+
+def grid(args, task: str, model: str, out: Path, vocab: Path | None, label: str) -> Path:
+    """Fine-tune one model on one task with the grid (resumable); returns its grid_results.csv."""
+    folder, _, _ = TASKS[task]
+    settings = [*(["--tokenizer", vocab] if vocab else []),
+                "--learning_rates", *args.learning_rates, "--batch_sizes", *args.batch_sizes,
+                "--epochs", *args.epochs, "--seeds", *args.seeds, "--max_seq_length", args.ft_max_seq_length]
+    samples = args.max_train_samples or (args.sst2_train_samples if task == "sst2" else None)
+    if samples:
+        settings += ["--max_train_samples", samples]
+    marker = out / "payoff_grid.json"
+    wanted = {"model": model, "settings": [str(s) for s in settings]}
+    if marker.is_file() and json.loads(marker.read_text()) == wanted and (out / "grid_results.csv").is_file():
+        return out / "grid_results.csv"
+    run([BIN / "bert-suite", "grid", task, "--model", model, "--data_dir", Path(args.data) / "glue" / folder,
+         "--output_dir", out, *settings, "--disable_tqdm", "true"], out.parent / f"{out.name}.log",
+        f"grid {task}, {label}")
+    marker.write_text(json.dumps(wanted))
+    return out / "grid_results.csv"
+
+
+def pretraining_facts(args, out: Path, data_folders: list[Path], steps_by_phase: list[tuple[int, int]],
+                      vocab_size: int, corpus: str, minutes: float, device: str) -> dict:
+    """The record's "pretraining": tokens = sum over phases of steps x batch x mean instance length (the
+    non-padding tokens the model saw); held-out MLM perplexity and NSP accuracy of the last evaluation."""
+    evals = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    evals = [e for e in evals if "eval_mlm_perplexity" in e]
+    if not evals:
+        raise SystemExit(f"pretrain_payoff: {out}/metrics.jsonl has no evaluation (eval_mlm_perplexity)")
+    tokens = sum(steps * batch * data_stats(folder)["mean_instance_length"]
+                 for folder, (steps, batch) in zip(data_folders, steps_by_phase, strict=True))
+    return {"device": device, "minutes": round(minutes, 2), "model_size": args.model_size, "vocab_size": vocab_size,
+            "steps": sum(s for s, _ in steps_by_phase), "tokens": int(tokens), "corpus": corpus,
+            "held_out_mlm_perplexity": evals[-1]["eval_mlm_perplexity"],
+            "held_out_nsp_accuracy": evals[-1].get("eval_nsp_accuracy", float("nan"))}
+
+
+def phase_steps(args, steps: int) -> list[tuple[int, int]]:
+    """(steps, batch) per phase, as the recipe splits max_steps (phase1_steps = ceil(max_steps x fraction))."""
+    if not args.phase2:
+        return [(steps, args.batch_size)]
+    first = math.ceil(steps * (1 - args.phase2_fraction))
+    return [(first, args.batch_size), (steps - first, max(1, args.batch_size // 4))]
+
+
+def minutes_of(out: Path) -> float:
+    timing = out / "payoff_timing.json"
+    return sum(t["seconds"] for t in json.loads(timing.read_text())) / 60 if timing.is_file() else 0.0
+
+
+def collect(args, models: dict[str, Path], seeds: list[int]) -> dict:
+    """Every task's entry from the grids' results files of each model."""
+    tasks = {}
+    for task in args.tasks:
+        column = TASKS[task][2]
+        grids = {model: read_grid_scores(csv_path, column) for model, csv_path in models[task].items()}
+        beside = {model: read_grid_scores(csv_path, BESIDE[task][1]) for model, csv_path in models[task].items()} \
+            if task in BESIDE else None
+        tasks[task] = task_entry(task, grids, seeds, beside)
+    return tasks
+
+
+def write_outputs(out: Path, name: str, record: dict, title: str, notes: list[str]) -> None:
+    (out / f"{name}.json").write_text(json.dumps(record, indent=2) + "\n")
+    text = summary_markdown(record, title, notes)
+    (out / f"summary{name[len('payoff'):]}.md").write_text(text)
+    print(text)
+    print(f"[payoff] wrote {out / f'{name}.json'}")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--output_dir", default="runs/pretrain-payoff", help="where every stage writes (resumable)")
+    p.add_argument("--data", default=str(DEFAULT_DATA), help="the shared data folder (glue/, corpus/, vocab/)")
+    p.add_argument("--corpus", nargs="+", help="pre-training text files (default: corpus/gutenberg/*.txt and "
+                   "corpus/wikitext-2-raw/wiki.test.raw under --data)")
+    g = p.add_argument_group("vocabulary and pre-training data")
+    g.add_argument("--vocab_size", type=int, default=8192, help="WordPiece vocabulary trained on the corpus (lowercase)")
+    g.add_argument("--released_vocab", action="store_true", help="use the released bert-base-uncased vocabulary "
+                   "(30,522) instead of training one")
+    g.add_argument("--max_seq_length", type=int, default=128, help="phase-1 instance length")
+    g.add_argument("--dupe_factor", type=int, default=5, help="pretrain-data passes over the corpus (new segments "
+                   "each)")
+    g.add_argument("--phase2", action="store_true", help="also a phase 2 at length 512 (batch / 4)")
+    g.add_argument("--phase2_fraction", type=float, default=0.1, help="share of the steps in phase 2")
+    g.add_argument("--masking_rate", type=float, default=0.15, help="share of tokens predicted (mlm_probability)")
+    g = p.add_argument_group("pre-training (recipes/pretrain.py)")
+    g.add_argument("--model_size", default="tiny", help="the preset (tiny, mini, small, medium, base, large)")
+    g.add_argument("--steps", type=int, help="optimizer steps (wins over --pretrain_minutes)")
+    g.add_argument("--pretrain_minutes", type=float, help="wall-time budget: the steps are planned from a "
+                   "calibration run's seconds per step (its time counted in the budget)")
+    g.add_argument("--calibration_steps", type=int, default=40, help="steps of the calibration run")
+    g.add_argument("--budget_safety", type=float, default=0.95, help="share of the budget planned for steps "
+                   "(the rest: evaluations, checkpoints, start-up)")
+    g.add_argument("--batch_size", type=int, default=64, help="phase-1 batch (per process)")
+    g.add_argument("--learning_rate", type=float, default=1e-3)
+    g.add_argument("--warmup_fraction", type=float, default=0.06, help="warmup steps as a share of the steps")
+    g.add_argument("--pretrain_dropout", type=float, help="hidden and attention dropout during pre-training "
+                   "(default: the preset's; fine-tuning always uses the preset's)")
+    g.add_argument("--eval_batches", type=int, default=20, help="held-out batches of 64 per evaluation")
+    g.add_argument("--mixed_precision", default="no", choices=["no", "fp16", "bf16"])
+    g.add_argument("--accelerate_config", help="accelerate config (default: recipes/configs/accelerate/cpu.yaml, "
+                   "gpu.yaml when CUDA is available)")
+    g.add_argument("--pretrain_override", nargs="*", default=[], metavar="KEY=VALUE",
+                   help="more recipe overrides (e.g. whole_word_mask=true)")
+    g.add_argument("--seed", type=int, default=42, help="pre-training seed")
+    g = p.add_argument_group("fine-tuning (bert-suite grid, the same for every model)")
+    g.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
+    g.add_argument("--learning_rates", nargs="+", default=["1e-4", "3e-4", "1e-3"])
+    g.add_argument("--batch_sizes", nargs="+", default=["32"])
+    g.add_argument("--epochs", nargs="+", default=["3"])
+    g.add_argument("--seeds", nargs="+", default=["1", "2", "3"], help="at least 3 for a standard error worth the name")
+    g.add_argument("--sst2_train_samples", type=int, default=20000, help="SST-2: the first N of its 67,349 "
+                   "training sentences (0: all)")
+    g.add_argument("--max_train_samples", type=int, help="every task: the first N training examples (quick runs)")
+    g.add_argument("--ft_max_seq_length", type=int, default=128)
+    g = p.add_argument_group("task-adaptive pre-training (second row)")
+    g.add_argument("--tapt", action="store_true", help="continue pre-training from the general checkpoint on the "
+                   "tasks' train texts (`bert-suite corpus --from_task`), fine-tune it the same way")
+    g.add_argument("--tapt_steps", type=int, default=1000)
+    g.add_argument("--tapt_learning_rate", type=float, help="default: half of --learning_rate")
+    g.add_argument("--tapt_dupe_factor", type=int, default=5)
+    g.add_argument("--tapt_with_general", action="store_true", help="mix the general corpus into the TAPT text")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> dict | None:
+    args = parse_args(argv)
+    command = "python benchmarks/pretrain_payoff.py " + shlex.join(sys.argv[1:] if argv is None else argv)
+    data_root = Path(args.data)
+    if not (data_root / "glue").is_dir() or not (data_root / "corpus").is_dir():
+        print(f"no GLUE folders or corpus under {data_root}: skipping")
+        return None
+    out = Path(args.output_dir).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    device = device_name()
+    args.accelerate_config = args.accelerate_config or str(
+        ROOT / "recipes" / "configs" / "accelerate" / ("cpu.yaml" if device.startswith("cpu") else "gpu.yaml"))
+    args.seeds = [int(s) for s in args.seeds]
+    corpus = args.corpus or [*sorted(map(str, (data_root / "corpus" / "gutenberg").glob("*.txt"))),
+                             str(data_root / "corpus" / "wikitext-2-raw" / "wiki.test.raw")]
+    corpus_name = args.corpus and ", ".join(Path(c).name for c in corpus) or \
+        f"../shared/data/corpus ({len(corpus) - 1} Gutenberg books + WikiText-2 raw test)"
+
+    # Vocabulary
+    if args.released_vocab:
+        vocab = data_root / "vocab" / "bert-base-uncased" / "vocab.txt"
+    else:
+        vocab = out / "tokenizer"
+        if not (vocab / "vocab.txt").is_file():
+            run([BIN / "bert-suite", "tokenizer", "--input", *corpus, "--vocab_size", args.vocab_size, "--lowercase",
+                 "--output_dir", vocab], out / "logs" / "tokenizer.log", "vocabulary")
+    vocab_size = sum(1 for _ in open(vocab / "vocab.txt" if vocab.is_dir() else vocab, encoding="utf-8"))
+
+    # Pre-training data
+    data = {args.max_seq_length: out / f"data{args.max_seq_length}"}
+    if args.phase2:
+        data[512] = out / "data512"
+    for length, folder in data.items():
+        if not (folder / "pretrain_data_stats.json").is_file():
+            run([BIN / "bert-suite", "pretrain-data", "--input", *corpus, "--tokenizer", vocab, "--max_seq_length",
+                 length, "--dupe_factor", args.dupe_factor if length == args.max_seq_length else 1, "--num_proc", 2,
+                 "--output_dir", folder], out / "logs" / f"data{length}.log", f"pre-training data ({length})")
+
+    # Pre-training, with steps from --steps or planned from the budget
+    notes = []
+    steps = args.steps
+    if steps is None:
+        if args.pretrain_minutes is None:
+            raise SystemExit("pretrain_payoff: give --steps or --pretrain_minutes")
+        per_step, calibration_seconds = calibrate(args, data, vocab, out / "calibration")
+        budget = args.pretrain_minutes * 60 - calibration_seconds
+        steps = max(1, int(budget * args.budget_safety / per_step))
+        command += f" --steps {steps}"  # what reruns it exactly
+        notes.append(f"Steps planned from a {args.calibration_steps}-step calibration run ({calibration_seconds:.0f} s,"
+                     f" {per_step:.3f} s a step) to fit {args.pretrain_minutes:g} minutes.")
+    general = out / "pretrain"
+    pretrain(args, recipe_overrides(args, data, vocab, general, steps, args.learning_rate), general, steps,
+             "pre-training")
+    minutes = minutes_of(general)
+    if args.pretrain_minutes and minutes > args.pretrain_minutes:
+        notes.append(f"Pre-training took {minutes:.1f} minutes, over the {args.pretrain_minutes:g}-minute budget.")
+    facts = pretraining_facts(args, general, list(data.values()), phase_steps(args, steps), vocab_size,
+                              corpus_name, minutes, device)
+
+    # Fine-tuning: the pre-trained checkpoint and its random twin, same grid and seeds
+    start = fine_tuning_checkpoint(general / "final", args.model_size)
+    grids = {task: {"pretrained": grid(args, task, str(start), out / "ft" / "pretrained" / task, None, "pre-trained"),
+                    "random": grid(args, task, f"preset:{args.model_size}", out / "ft" / "random" / task, vocab,
+                                   "random init")}
+             for task in args.tasks}
+    settings = {"learning_rates": [float(x) for x in args.learning_rates],
+                "batch_sizes": [int(x) for x in args.batch_sizes], "epochs": [float(x) for x in args.epochs],
+                "seeds": args.seeds, "max_seq_length": args.ft_max_seq_length,
+                "train_samples": {t: args.max_train_samples or (args.sst2_train_samples if t == "sst2" else None)
+                                  or "all" for t in args.tasks},
+                "selection": "per model, the setting with the best mean dev score over the seeds"}
+    record = build_record(command, facts, settings, collect(args, grids, args.seeds))
+    write_outputs(out, "payoff", record, "Pre-trained vs random initialisation on GLUE (issue 17)", notes)
+
+    if args.tapt:
+        record = task_adaptive(args, out, vocab, vocab_size, corpus, corpus_name, general, grids, settings, command,
+                               device, notes)
+    return record
+
+
+def task_adaptive(args, out, vocab, vocab_size, corpus, corpus_name, general, grids, settings, command, device,
+                  notes) -> dict:
+    """Task-adaptive pre-training: the general checkpoint continued on the tasks' train texts (+ the general
+    corpus with --tapt_with_general), fine-tuned with the same protocol; its random twin's grids are reused."""
+    tapt = out / "tapt"
+    texts = []
+    for task in args.tasks:
+        text = tapt / "text" / f"{task}-train.txt"
+        if not text.is_file():
+            run([BIN / "bert-suite", "corpus", "--from_task", task, "--data_dir",
+                 Path(args.data) / "glue" / TASKS[task][0], "--output_dir", tapt / "text"],
+                tapt / "logs" / "text.log", f"train text of {task}")
+        texts.append(text)
+    if args.tapt_with_general:  # in the lines format, so one pretrain-data call reads both
+        general_lines = tapt / "text" / "general.txt"
+        if not general_lines.is_file():
+            from bert_suite.pretraining.text_files import iter_documents
+
+            docs = ["\n".join(doc) for path in corpus for doc in iter_documents(path) if doc]
+            general_lines.write_text("\n\n".join(docs) + "\n")
+        texts.append(general_lines)
+    data = {args.max_seq_length: tapt / f"data{args.max_seq_length}"}
+    if not (data[args.max_seq_length] / "pretrain_data_stats.json").is_file():
+        run([BIN / "bert-suite", "pretrain-data", "--input", *texts, "--tokenizer", vocab, "--format", "lines",
+             "--max_seq_length", args.max_seq_length, "--dupe_factor", args.tapt_dupe_factor, "--num_proc", 2,
+             "--output_dir", data[args.max_seq_length]], tapt / "logs" / "data.log", "TAPT data")
+    run_dir = tapt / "pretrain"
+    steps = args.tapt_steps
+    phase2, args.phase2 = args.phase2, False  # task text is short: length 128 only
+    overrides = recipe_overrides(args, data, vocab, run_dir, steps, args.tapt_learning_rate or args.learning_rate / 2,
+                                 init_from=general / "final")
+    args.phase2 = phase2
+    pretrain(args, overrides, run_dir, steps, "task-adaptive pre-training")
+    base = pretraining_facts(args, general, [out / f"data{args.max_seq_length}"] + ([out / "data512"] if phase2 else []),
+                             phase_steps(args, finished_steps(general)), vocab_size, corpus_name, 0, device)
+    own = pretraining_facts(args, run_dir, [data[args.max_seq_length]], [(steps, args.batch_size)], vocab_size, "", 0,
+                            device)
+    minutes = minutes_of(general) + minutes_of(run_dir)
+    text_name = " + ".join([corpus_name if args.tapt_with_general else "", "train text of " + ", ".join(args.tasks)])
+    facts = {**own, "minutes": round(minutes, 2), "steps": base["steps"] + steps, "tokens": base["tokens"] + own["tokens"],
+             "corpus": f"{corpus_name}, then {text_name.strip(' +')}"}
+    start = fine_tuning_checkpoint(run_dir / "final", args.model_size)
+    tapt_grids = {task: {"pretrained": grid(args, task, str(start), tapt / "ft" / task, None, "task-adaptive"),
+                         "random": grids[task]["random"], "general": grids[task]["pretrained"]}
+                  for task in args.tasks}
+    command += " --tapt" if " --tapt" not in command else ""
+    record = build_record(command, facts, settings, collect(args, tapt_grids, args.seeds))
+    tapt_notes = [*notes, f"Task-adaptive: {steps} more steps from {general / 'final'} on the tasks' train texts "
+                  f"(held-out perplexity there: on the TAPT text); 'general' is the general-corpus checkpoint's row."]
+    write_outputs(out, "payoff_tapt", record, "Task-adaptive pre-training vs random initialisation (issue 17)",
+                  tapt_notes)
+    return record
+
+
+if __name__ == "__main__":
+    main()

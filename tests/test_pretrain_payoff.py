@@ -1,0 +1,210 @@
+"""benchmarks/pretrain_payoff.py's code on data the tests write (the long run itself is a benchmark): grid
+results read per setting and seed, the setting chosen by its mean over seeds (not by its best trial),
+standard errors against hand-computed numbers, the record's exact shape, the summary, the recipe
+overrides and the token count."""
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+from bert_suite.pretraining.config import PretrainConfig, load_pretrain_config
+from bert_suite.report import write_grid_report
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+import pretrain_payoff as payoff  # noqa: E402
+
+SEEDS = [1, 2, 3]
+
+
+def trial_records(scores: dict, column="eval_accuracy", beside=None) -> list[dict]:
+    """Grid trial records ({(lr, batch, epochs): [score per seed or None for a failed trial]}), as the grid
+    keeps them; `beside` adds a second metric (MRPC's F1) = score - 0.1."""
+    records = []
+    for (lr, batch, epochs), values in scores.items():
+        for seed, value in zip(SEEDS, values, strict=True):
+            failed = value is None
+            metrics = {} if failed else {column: value, "eval_loss": 0.5, **({beside: value - 0.1} if beside else {})}
+            records.append({"trial": len(records), "learning_rate": lr, "per_device_train_batch_size": batch,
+                            "num_train_epochs": epochs, "seed": seed, "state": "failed" if failed else "complete",
+                            "error": "FloatingPointError: non-finite result" if failed else None, "metrics": metrics})
+    return records
+
+
+def grid_csv(folder: Path, scores: dict, column="eval_accuracy", beside=None) -> Path:
+    """grid_results.csv written by the grid's own report writer."""
+    write_grid_report(trial_records(scores, column, beside), column, folder, task="t")
+    return folder / "grid_results.csv"
+
+
+# Setting (1e-4, 32, 3) holds the best single trial (0.90) but the lower mean (0.70); (3e-4, 32, 3) the best
+# mean (0.75); (1e-3, 32, 3) an even better mean on two seeds, but its third seed failed.
+DISAGREE = {(1e-4, 32, 3.0): [0.90, 0.60, 0.60], (3e-4, 32, 3.0): [0.75, 0.74, 0.76],
+            (1e-3, 32, 3.0): [0.95, 0.95, None]}
+
+
+def test_reads_the_grid_results_per_setting_and_seed_leaving_failed_trials_out(tmp_path):
+    scores = payoff.read_grid_scores(grid_csv(tmp_path, DISAGREE), "eval_accuracy")
+    assert scores == {(1e-4, 32, 3.0): {1: 0.90, 2: 0.60, 3: 0.60}, (3e-4, 32, 3.0): {1: 0.75, 2: 0.74, 3: 0.76},
+                      (1e-3, 32, 3.0): {1: 0.95, 2: 0.95}}
+    with pytest.raises(ValueError, match=r"grid_results.csv: no column 'eval_f1'; expected a grid whose trials"):
+        payoff.read_grid_scores(tmp_path / "grid_results.csv", "eval_f1")
+
+
+def test_a_grid_with_no_complete_trial_is_an_error_naming_the_file(tmp_path):
+    path = grid_csv(tmp_path, {(1e-4, 32, 3.0): [None, None, None]})
+    with pytest.raises(ValueError, match=r"grid_results.csv: no complete trial \(3 rows\)"):
+        payoff.read_grid_scores(path, "eval_accuracy")
+
+
+def test_the_setting_is_chosen_by_its_mean_over_seeds_not_its_best_trial(tmp_path):
+    scores = payoff.read_grid_scores(grid_csv(tmp_path, DISAGREE), "eval_accuracy")
+    assert payoff.choose_setting(scores, SEEDS) == (3e-4, 32, 3.0)
+    # ties go to the first setting in grid order; no setting with every seed: None
+    assert payoff.choose_setting({(1, 1, 1.0): {1: 0.5, 2: 0.5}, (2, 1, 1.0): {1: 0.4, 2: 0.6}}, [1, 2]) == (1, 1, 1.0)
+    assert payoff.choose_setting({(1, 1, 1.0): {1: 0.5}}, [1, 2]) is None
+
+
+def test_standard_errors_against_hand_computed_numbers():
+    mean, se = payoff.mean_se([0.80, 0.82, 0.84])  # sample std 0.02
+    assert mean == pytest.approx(0.82) and se == pytest.approx(0.02 / math.sqrt(3))
+    assert payoff.mean_se([0.7]) == (0.7, None)
+    # var_p = 0.0004, var_r = ((-0.02)^2 + (-0.01)^2 + 0.03^2) / 2 = 0.0007: se = sqrt(0.0011 / 3) = 0.019149
+    d = payoff.difference([0.80, 0.82, 0.84], [0.70, 0.71, 0.75])
+    assert d["difference"] == pytest.approx(0.10) and d["difference_se"] == pytest.approx(0.0191485, abs=1e-6)
+    assert d["beyond_2se"] is True
+    # var_p = 0.01, var_r = 0.0009: se = sqrt(0.0109 / 3) = 0.060277 > 0.05 / 2
+    d = payoff.difference([0.80, 0.90, 0.70], [0.75, 0.78, 0.72])
+    assert d["difference_se"] == pytest.approx(0.060277, abs=1e-6) and d["beyond_2se"] is False
+    # unequal seed counts use each side's own n: sqrt(0.0004 / 3 + 0.005 / 2)
+    d = payoff.difference([0.80, 0.82, 0.84], [0.70, 0.80])
+    assert d["difference_se"] == pytest.approx(math.sqrt(0.0004 / 3 + 0.005 / 2))
+    assert payoff.difference([0.8], [0.7]) == {"difference": pytest.approx(0.1), "difference_se": None,
+                                               "beyond_2se": False}
+
+
+def test_a_task_entry_holds_each_models_scores_at_its_own_chosen_setting(tmp_path):
+    pretrained = payoff.read_grid_scores(grid_csv(tmp_path / "p", DISAGREE, beside="eval_f1"), "eval_accuracy")
+    f1 = payoff.read_grid_scores(tmp_path / "p" / "grid_results.csv", "eval_f1")
+    random_ = {(1e-4, 32, 3.0): {1: 0.70, 2: 0.71, 3: 0.69}, (3e-4, 32, 3.0): {1: 0.60, 2: 0.80, 3: 0.50}}
+    entry = payoff.task_entry("mrpc", {"pretrained": pretrained, "random": random_}, SEEDS,
+                              beside={"pretrained": f1, "random": {k: {s: v - 0.1 for s, v in d.items()}
+                                                                   for k, d in random_.items()}})
+    assert entry["metric"] == "accuracy"
+    assert entry["pretrained"] == [0.75, 0.74, 0.76] and entry["random"] == [0.70, 0.71, 0.69]
+    assert entry["chosen"] == {"pretrained": {"learning_rate": 3e-4, "batch_size": 32, "epochs": 3.0},
+                               "random": {"learning_rate": 1e-4, "batch_size": 32, "epochs": 3.0}}
+    assert entry["f1"]["pretrained"] == pytest.approx([0.65, 0.64, 0.66])
+    assert entry["difference"] == pytest.approx(0.05) and entry["beyond_2se"] is True  # se 0.0081650
+    with pytest.raises(ValueError, match=r"rte, random: no grid setting has a score for every seed \[1, 2, 3\]"):
+        payoff.task_entry("rte", {"pretrained": pretrained, "random": {(1e-4, 32, 3.0): {1: 0.5}}}, SEEDS)
+
+
+def valid_record() -> dict:
+    pretraining = {"device": "cpu (2 cores)", "minutes": 59.5, "model_size": "tiny", "vocab_size": 8192, "steps": 4000,
+                   "tokens": 31_000_000, "corpus": "gutenberg + wikitext", "held_out_mlm_perplexity": 120.5,
+                   "held_out_nsp_accuracy": 0.93}
+    tasks = {"sst2": {"metric": "accuracy", "pretrained": [0.8, 0.81, 0.82], "random": [0.7, 0.72, 0.71]},
+             "stsb": {"metric": "spearman", "pretrained": [0.3, 0.32, 0.31], "random": [0.1, 0.12, 0.11]}}
+    return payoff.build_record("python benchmarks/pretrain_payoff.py --steps 4000", pretraining,
+                               {"learning_rates": [1e-4]}, tasks)
+
+
+def test_the_record_has_exactly_the_issues_shape():
+    record = json.loads(json.dumps(valid_record()))  # as read back from payoff.json
+    assert list(record) == ["command", "pretraining", "grid", "tasks"]
+    assert list(record["pretraining"]) == list(payoff.PRETRAINING_KEYS)
+    assert payoff.check_record(record) is record
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda r: r["pretraining"].pop("steps"), "payoff.json: pretraining.steps: missing key"),
+    (lambda r: r.pop("grid"), "payoff.json: grid: missing key"),
+    (lambda r: r["tasks"]["sst2"].pop("random"), "payoff.json: tasks.sst2.random: missing key"),
+    (lambda r: r.update(notes="x"), "payoff.json: notes: unexpected key"),
+    (lambda r: r["pretraining"].update(wall=1.0), "payoff.json: pretraining.wall: unexpected key"),
+    (lambda r: r["pretraining"].update(tokens=3.1e7), "payoff.json: pretraining.tokens: expected int"),
+    (lambda r: r["pretraining"].update(held_out_nsp_accuracy=float("nan")),
+     "payoff.json: pretraining.held_out_nsp_accuracy: expected a finite number"),
+    (lambda r: r["tasks"]["stsb"].update(metric="spearmanr"), "payoff.json: tasks.stsb.metric: expected 'spearman'"),
+    (lambda r: r["tasks"].update(qnli=r["tasks"]["sst2"]), "payoff.json: tasks.qnli: unknown task"),
+    (lambda r: r["tasks"]["sst2"].update(pretrained=[]), "payoff.json: tasks.sst2.pretrained: expected a non-empty"),
+    (lambda r: r["tasks"]["sst2"].update(random=[0.7]), "payoff.json: tasks.sst2: pretrained and random have"),
+])
+def test_the_shape_check_rejects_a_broken_record(change, message):
+    record = valid_record()
+    change(record)
+    with pytest.raises(ValueError, match="^" + message.replace(".", r"\.").replace("(", r"\(")):
+        payoff.check_record(record)
+
+
+def test_build_record_makes_float_fields_floats_and_keeps_extra_task_keys():
+    record = valid_record()
+    record["pretraining"]["minutes"] = 60
+    record["tasks"]["sst2"]["chosen"] = {"pretrained": {}}
+    rebuilt = payoff.build_record(record["command"], record["pretraining"], record["grid"], record["tasks"])
+    assert isinstance(rebuilt["pretraining"]["minutes"], float) and "chosen" in rebuilt["tasks"]["sst2"]
+
+
+def test_the_summary_states_the_protocol_and_a_table_per_task(tmp_path):
+    pretrained = payoff.read_grid_scores(grid_csv(tmp_path, DISAGREE, beside="eval_f1"), "eval_accuracy")
+    f1 = payoff.read_grid_scores(tmp_path / "grid_results.csv", "eval_f1")
+    random_ = {(1e-4, 32, 3.0): {1: 0.74, 2: 0.76, 3: 0.60}}
+    tasks = {"mrpc": payoff.task_entry("mrpc", {"pretrained": pretrained, "random": random_}, SEEDS,
+                                       beside={"pretrained": f1, "random": random_})}
+    record = payoff.build_record("cmd", valid_record()["pretraining"], {"seeds": SEEDS}, tasks)
+    text = payoff.summary_markdown(record, "Payoff", ["SST-2: the first 20,000 sentences."])
+    assert "the setting with the best mean dev score over the seeds is chosen (not the best single trial)" in text
+    assert "sqrt(var_p/n_p + var_r/n_r)" in text and "- SST-2: the first 20,000 sentences." in text
+    assert "tiny, vocabulary 8,192, 4,000 steps, 31,000,000 tokens, 59.5 minutes on cpu (2 cores)" in text
+    assert "| model | chosen setting | per-seed accuracy | mean ± SE | f1 at that setting (mean) |" in text
+    assert "| pretrained | lr 0.0003, batch 32, 3 epochs | 75.00, 74.00, 76.00 | 75.00 ± 0.58 | 65.00 |" in text
+    assert "| random | lr 0.0001, batch 32, 3 epochs | 74.00, 76.00, 60.00 | 70.00 ± 5.03 | 70.00 |" in text
+    assert "pretrained - random: 5.00 ± 5.07: **not beyond 2 SE**" in text
+    assert text.rstrip().endswith("Pre-trained ahead by more than 2 SE on 0 of 1 tasks.")
+
+
+def test_recipe_overrides_pass_dropout_only_when_given_and_the_recipe_config_accepts_them(tmp_path):
+    data = {128: tmp_path / "data128", 512: tmp_path / "data512"}
+    args = payoff.parse_args(["--masking_rate", "0.2", "--batch_size", "32"])
+    overrides = payoff.recipe_overrides(args, data, tmp_path / "vocab", tmp_path / "out", 1000, 1e-3)
+    assert not any("dropout" in o for o in overrides)
+    cfg = load_pretrain_config(None, overrides)
+    assert (cfg.max_steps, cfg.warmup_steps, cfg.mlm_probability, cfg.max_predictions_per_seq) == (1000, 60, 0.2, 26)
+    assert (cfg.phase1_fraction, cfg.train_data_phase2, cfg.resume_from_checkpoint) == (1.0, None, "auto")
+
+    args = payoff.parse_args(["--pretrain_dropout", "0", "--phase2", "--pretrain_override", "whole_word_mask=true"])
+    overrides = payoff.recipe_overrides(args, data, tmp_path / "vocab", tmp_path / "out", 100, 1e-3,
+                                        init_from=tmp_path / "general")
+    assert {"hidden_dropout_prob=0.0", "attention_probs_dropout_prob=0.0", "whole_word_mask=true",
+            f"init_from={tmp_path / 'general'}", f"train_data_phase2={data[512]}", "phase1_fraction=0.9",
+            "per_device_train_batch_size_phase2=16"} <= set(overrides)
+    if "hidden_dropout_prob" in PretrainConfig.__dataclass_fields__:  # the recipe's dropout keys have landed
+        assert load_pretrain_config(None, overrides).hidden_dropout_prob == 0.0
+
+
+def test_tokens_are_steps_times_batch_times_mean_length_per_phase_and_eval_is_the_last(tmp_path):
+    for name, mean in (("data128", 100.0), ("data512", 400.0)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "pretrain_data_stats.json").write_text(json.dumps({"mean_instance_length": mean}))
+    run = tmp_path / "pretrain"
+    run.mkdir()
+    logs = [{"step": 50, "mlm_loss": 5.0}, {"step": 100, "eval_mlm_perplexity": 300.0, "eval_nsp_accuracy": 0.8},
+            {"step": 150, "eval_mlm_perplexity": 200.0, "eval_nsp_accuracy": 0.9}]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in logs))
+    args = payoff.parse_args(["--phase2", "--batch_size", "64"])
+    phases = payoff.phase_steps(args, 150)
+    assert phases == [(135, 64), (15, 16)]
+    facts = payoff.pretraining_facts(args, run, [tmp_path / "data128", tmp_path / "data512"], phases, 8192, "c",
+                                     12.345, "cpu (2 cores)")
+    assert facts["tokens"] == 135 * 64 * 100 + 15 * 16 * 400 and facts["steps"] == 150
+    assert (facts["held_out_mlm_perplexity"], facts["held_out_nsp_accuracy"], facts["minutes"]) == (200.0, 0.9, 12.35)
+
+
+def test_without_the_shared_data_it_skips_cleanly(tmp_path, capsys):
+    assert payoff.main(["--data", str(tmp_path / "nowhere"), "--output_dir", str(tmp_path / "out")]) is None
+    assert f"no GLUE folders or corpus under {tmp_path / 'nowhere'}: skipping" in capsys.readouterr().out
+    assert not (tmp_path / "out").exists()
