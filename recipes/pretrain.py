@@ -5,10 +5,15 @@
 
 Data come from `bert-suite pretrain-data` (phase 1 at length 128, phase 2 at 512). The schedule
 (warmup, linear decay) runs over both phases. Batches are a pure function of the step: the
-order of epoch e is a permutation seeded by (seed, phase, e) and the masks of step s use a
-generator seeded by (seed, s, process, micro-batch), so a run killed at step k and resumed from
+order of epoch e is a permutation seeded by (seed, phase, e), and an example's masks are a hash of
+(seed, step, its place in the step's global batch), so a run killed at step k and resumed from
 its last checkpoint (accelerate `save_state`, which also restores the dropout RNG) gives the same
 losses as an uninterrupted one.
+
+On N processes each takes 1/N of every global batch (`StepBatches`), draws the same masks as one
+process would, and divides its summed MLM loss by the global batch's number of masked tokens
+(all processes, all micro-batches), so the gradient is that of one process with the whole batch:
+with dropout off, the same losses on any number of processes, up to float rounding.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from tqdm.auto import tqdm
 from transformers import get_linear_schedule_with_warmup
 
 from bert_suite import BertSuiteConfig, BertSuiteForPreTraining
+from bert_suite.faults import failpoint
 from bert_suite.io import atomic_write_text
 from bert_suite.pretraining.checkpoints import (
     complete_checkpoints,
@@ -40,7 +46,7 @@ from bert_suite.pretraining.checkpoints import (
     trim_log,
 )
 from bert_suite.pretraining.config import load_pretrain_config
-from bert_suite.pretraining.masking import MaskingCollator
+from bert_suite.pretraining.masking import MaskingCollator, example_keys
 from bert_suite.tokenization import load_pretraining_tokenizer
 
 COLUMNS = ("input_ids", "token_type_ids", "next_sentence_label")
@@ -103,15 +109,16 @@ def batches(data, collator, cfg, phase, start, accelerator, batch_size):
     return iter(loader)
 
 
-def step_masks(collator, batch, seed, step, rank, micro, causal=False):
+def step_masks(collator, batch, seed, step, first, causal=False):
+    """Labels for a batch whose rows sit at places first, first+1, ... of the step's global batch."""
     if causal:  # the paper's LTR model is a left-to-right LM: predict token i+1 at i, nothing masked
         labels = torch.full_like(batch["input_ids"], -100)
         labels[:, :-1] = batch["input_ids"][:, 1:].masked_fill(batch["attention_mask"][:, 1:] == 0, -100)
         return {**batch, "labels": labels}
     if "labels" in batch:  # static masks from pretrain-data
         return batch
-    generator = torch.Generator().manual_seed(((seed * 1_000_003 + step) * 1009 + rank) * 17 + micro)
-    return collator.mask(batch, generator)
+    offsets = first + torch.arange(len(batch["input_ids"]))
+    return collator.mask(batch, keys=example_keys(seed, step, offsets))
 
 
 def losses(out, batch):
@@ -143,6 +150,15 @@ def summarise(totals: dict) -> dict:
     return result
 
 
+def all_processes(totals: dict, accelerator) -> dict:
+    """The sums of every process (each holds its share of the global batches) in one all-reduce."""
+    if accelerator.num_processes == 1 or not totals:
+        return totals
+    keys = sorted(totals)
+    values = torch.stack([torch.as_tensor(totals[k], device=accelerator.device).double() for k in keys])
+    return dict(zip(keys, accelerator.reduce(values, reduction="sum"), strict=True))
+
+
 def add(totals, stats):
     for key, value in stats.items():
         totals[key] = totals.get(key, 0) + value
@@ -158,7 +174,7 @@ def evaluate(model, eval_data, collator, cfg, accelerator):
     for number in range(min(cfg.eval_batches, math.ceil(len(eval_data) / size))):
         rows = table[number * size: (number + 1) * size]
         batch = collator.pad(as_features(rows))
-        batch = step_masks(collator, batch, cfg.seed, -1, 0, number, cfg.causal_attention)
+        batch = step_masks(collator, batch, cfg.seed, -1, number * size, cfg.causal_attention)
         batch = {k: v.to(accelerator.device) for k, v in batch.items()}
         add(totals, losses(model(**batch, masked_positions_only=True, return_dict=True), batch))
     model.train()
@@ -176,16 +192,28 @@ def main(argv=None):
         raise SystemExit(f"pretrain: error: {err}") from None
     out = Path(cfg.output_dir)
     report_to = None if cfg.report_to == "none" else cfg.report_to
-    accelerator = Accelerator(mixed_precision=cfg.mixed_precision, log_with=report_to,
+    # torchrun or `accelerate launch --multi_gpu` on a machine without an accelerator: accelerate
+    # would run N unconnected copies unless told to use the CPU (then it joins them with gloo).
+    launched = int(os.environ.get("WORLD_SIZE", "1"))
+    accelerator = Accelerator(cpu=launched > 1 and not torch.accelerator.is_available(),
+                              mixed_precision=cfg.mixed_precision, log_with=report_to,
                               gradient_accumulation_steps=cfg.gradient_accumulation_steps,
                               project_config=ProjectConfiguration(project_dir=str(out), logging_dir=str(out / "logs")))
+    if accelerator.num_processes != launched:  # N copies each writing the same files
+        raise SystemExit(f"pretrain: error: launched as {launched} processes but accelerate runs "
+                         f"{accelerator.num_processes} ({accelerator.distributed_type.value}); "
+                         "expected one process group (check the launcher and the accelerate config)")
     set_seed(cfg.seed)
     tokenizer = load_pretraining_tokenizer(cfg.tokenizer)
+    # dropout null: the preset's or the checkpoint's; 0 turns it off (cramming, MosaicBERT)
+    dropout = {k: getattr(cfg, k) for k in ("hidden_dropout_prob", "attention_probs_dropout_prob")
+               if getattr(cfg, k) is not None}
     if cfg.init_from:
-        model = load_initial_model(cfg.init_from)
+        model = load_initial_model(cfg.init_from, **dropout)
     else:
         model = BertSuiteForPreTraining(BertSuiteConfig.from_preset(
-            cfg.model_size, vocab_size=len(tokenizer), use_nsp=cfg.use_nsp, causal_attention=cfg.causal_attention))
+            cfg.model_size, vocab_size=len(tokenizer), use_nsp=cfg.use_nsp, causal_attention=cfg.causal_attention,
+            **dropout))
     positions = model.config.max_position_embeddings
     phase_data = [load_instances(cfg.train_data, positions, "train_data")]
     if cfg.train_data_phase2:
@@ -233,6 +261,9 @@ def main(argv=None):
     if report_to:
         accelerator.init_trackers("pretrain", config={k: v for k, v in vars(cfg).items() if k != "extra"})
 
+    accelerator.print(f"world size {accelerator.num_processes} ({accelerator.distributed_type.value}, "
+                      f"{accelerator.device.type}): global batch {accelerator.num_processes} x "
+                      f"{cfg.gradient_accumulation_steps} x {cfg.per_device_train_batch_size}")
     bar = tqdm(total=cfg.max_steps, initial=step, desc="pre-training", disable=not accelerator.is_local_main_process)
     history, totals, tokens, started = [], {}, 0, time.time()
     phase, stream = None, None
@@ -245,24 +276,37 @@ def main(argv=None):
                 (cfg.per_device_train_batch_size_phase2 or cfg.per_device_train_batch_size)
             start = step if phase == 0 else step - cfg.phase1_steps
             stream = batches(phase_data[phase], collators[phase], cfg, phase, start, accelerator, size)
+        micro_batches = []
         for micro in range(cfg.gradient_accumulation_steps):
-            batch = step_masks(collators[phase], next(stream), cfg.seed, step, accelerator.process_index, micro,
-                               cfg.causal_attention)
+            raw = next(stream)
+            first = (micro * accelerator.num_processes + accelerator.process_index) * len(raw["input_ids"])
+            micro_batches.append(step_masks(collators[phase], raw, cfg.seed, step, first, cfg.causal_attention))
+        # MLM loss = summed cross-entropy / the masked tokens of the whole global batch, scaled by the
+        # number of micro-batches it is cut into, which accelerate (accumulation) and DDP (processes) average.
+        masked = torch.tensor(float(sum(int((b["labels"] != -100).sum()) for b in micro_batches)),
+                              device=accelerator.device)
+        parts = accelerator.num_processes * cfg.gradient_accumulation_steps
+        per_part = accelerator.reduce(masked, reduction="sum") / parts if accelerator.num_processes > 1 else masked / parts
+        for batch in micro_batches:
             batch = {k: v.to(accelerator.device) for k, v in batch.items()}
             with accelerator.accumulate(model):
-                out_ = model(**batch, masked_positions_only=True, return_dict=True)
+                out_ = model(**batch, masked_positions_only=True, return_dict=True,
+                             num_items_in_batch=per_part.clamp(min=1e-9))
                 accelerator.backward(out_.loss)
                 if accelerator.sync_gradients:
                     accelerator.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
                 optimizer.step()
                 optimizer.zero_grad()
             add(totals, losses(out_, batch))
-            tokens += batch["attention_mask"].sum() * accelerator.num_processes
+            tokens += batch["attention_mask"].sum()
         scheduler.step()
         step += 1
         bar.update(1)
+        failpoint("pretrain.step")
         if step % cfg.logging_steps == 0 or step == cfg.max_steps:
             elapsed = time.time() - started
+            totals = all_processes({**totals, "tokens": tokens}, accelerator)
+            tokens = totals.pop("tokens")
             logs = {**summarise(totals), "learning_rate": scheduler.get_last_lr()[0], "phase": phase + 1,
                     "tokens_per_second": float(tokens) / max(elapsed, 1e-9), "step": step}
             totals, tokens, started = {}, 0, time.time()

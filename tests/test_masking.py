@@ -5,7 +5,7 @@ import pytest
 import torch
 import transformers
 
-from bert_suite.pretraining.masking import IGNORE_INDEX, MaskingCollator
+from bert_suite.pretraining.masking import IGNORE_INDEX, MaskingCollator, example_keys
 
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 WORDS = ["the", "cat", "sat", "on", "mat", "un", "##aff", "##able", "play", "##ing", "run", "##s", "dog", "a"]
@@ -170,3 +170,58 @@ def test_tokenizer_without_mask_token_raises(tokenizer, tmp_path):
     no_mask = transformers.BertTokenizer(vocab=str(path), mask_token=None)
     with pytest.raises(ValueError, match="mask_token"):
         MaskingCollator(no_mask)
+
+
+# --------------------------------------------------------------- keyed draws (the recipe's masks)
+
+
+class KeyedCollator(MaskingCollator):
+    """Masks each call as the recipe does: keys from (seed, step, place in the batch), a new step per call."""
+
+    step = 0
+
+    def __call__(self, features):
+        self.step += 1
+        return self.mask(self.pad(features), keys=example_keys(5, self.step, torch.arange(len(features))))
+
+
+@pytest.mark.parametrize("whole_word", [False, True])
+def test_keyed_masks_do_not_depend_on_the_rows_batched_together_or_on_padding(tokenizer, whole_word):
+    """What lets N processes with batch B draw the masks of one process with batch N x B."""
+    collator = MaskingCollator(tokenizer, mlm_probability=0.3, whole_word_mask=whole_word, seed=0)
+    texts = ["unaffable playing the cat runs", "a dog", "the mat unaffable runs sat on a cat playing", "cat sat"]
+    features = [{"input_ids": tokenizer(t)["input_ids"], "token_type_ids": [0] * len(tokenizer(t)["input_ids"])}
+                for t in texts * 3]
+    lengths = [len(f["input_ids"]) for f in features]
+    whole = collator.mask(collator.pad(features), keys=example_keys(1, 9, torch.arange(len(features))))
+    for first, size in [(0, 6), (6, 6), (0, 1), (5, 1), (3, 4)]:  # other batches, each padded to its own longest
+        part = collator.mask(collator.pad(features[first:first + size]),
+                             keys=example_keys(1, 9, first + torch.arange(size)))
+        for row in range(size):
+            n = lengths[first + row]
+            for key in ("input_ids", "labels"):
+                assert torch.equal(part[key][row, :n], whole[key][first + row, :n])
+    other_step = collator.mask(collator.pad(features), keys=example_keys(1, 10, torch.arange(len(features))))
+    other_seed = collator.mask(collator.pad(features), keys=example_keys(2, 9, torch.arange(len(features))))
+    assert not torch.equal(other_step["labels"], whole["labels"])
+    assert not torch.equal(other_seed["labels"], whole["labels"])
+    # the same text at other places of the batch is masked differently
+    assert not all(torch.equal(whole["labels"][i], whole["labels"][i + 4]) for i in range(4))
+
+
+def test_keyed_masks_keep_the_reference_counts_and_the_80_10_10_mix(tokenizer):
+    collator = KeyedCollator(tokenizer, max_predictions_per_seq=5, seed=0)
+    features = [instance(tokenizer, n) for n in LENGTHS]
+    for _ in range(5):
+        chosen = collator(features)["labels"] != IGNORE_INDEX
+        assert chosen.sum(1).tolist() == [reference_count(n, 0.15, 5) for n in LENGTHS]
+    shares = mix_counts(KeyedCollator(tokenizer, seed=0), tokenizer)
+    assert shares["mask"] == pytest.approx(0.8, abs=0.02)
+    assert shares["random"] == pytest.approx(0.1 * (1 - 1 / len(WORDS)), abs=0.015)
+    assert shares["same"] == pytest.approx(0.1 + 0.1 / len(WORDS), abs=0.015)
+    # every position of a row is chosen about equally often (no bias from the hash)
+    collator, hits = KeyedCollator(tokenizer, seed=0), torch.zeros(128)
+    for _ in range(300):
+        hits += (collator([instance(tokenizer, 128)] * 8)["labels"] != IGNORE_INDEX).sum(0)
+    inner = hits[1:-1][hits[1:-1] > 0]
+    assert len(inner) >= 124 and inner.std() / inner.mean() < 0.12

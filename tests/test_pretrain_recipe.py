@@ -103,10 +103,10 @@ def test_a_killed_run_resumes_exactly(pretrain_setup, tmp_path, monkeypatch):
     killed = [a.replace(str(tmp_path / "whole"), str(tmp_path / "killed")) for a in args]
     real = recipe.step_masks
 
-    def dies_at_step_10(collator, batch, seed, step, rank, micro, causal=False):
+    def dies_at_step_10(collator, batch, seed, step, first, causal=False):
         if step == 9:  # after the checkpoint at step 8, in phase 2
             raise KeyboardInterrupt
-        return real(collator, batch, seed, step, rank, micro, causal)
+        return real(collator, batch, seed, step, first, causal)
 
     monkeypatch.setattr(recipe, "step_masks", dies_at_step_10)
     fresh_state()
@@ -132,7 +132,7 @@ def test_ltr_ablation_trains_a_left_to_right_lm():
     batch = {"input_ids": torch.tensor([[2, 7, 8, 9, 3], [2, 10, 3, 0, 0]]),
              "attention_mask": torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]]),
              "token_type_ids": torch.zeros(2, 5, dtype=torch.long)}
-    out = recipe.step_masks(None, batch, 42, 0, 0, 0, causal=True)
+    out = recipe.step_masks(None, batch, 42, 0, 0, causal=True)
     assert out["labels"].tolist() == [[7, 8, 9, 3, -100], [10, 3, -100, -100, -100]]
     assert torch.equal(out["input_ids"], batch["input_ids"])
 

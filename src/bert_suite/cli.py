@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -110,8 +111,11 @@ def _data_source(card, data_dir: str | None, splits: list[str] | None = None) ->
 def _save_run_card(card, args: argparse.Namespace, output_dir: str):
     """Save the run's card as OUTPUT/task_card.yaml; a card built from the files is named by it from now on."""
     from .cards import CARD_FILE, save_card
+    from .runner import is_main_process
 
-    path = save_card(card, Path(output_dir) / CARD_FILE)
+    path = Path(output_dir) / CARD_FILE
+    if is_main_process():  # the other processes of a launched group only read it
+        save_card(card, path)
     if args.task is None:
         card.path = str(path)
     return card
@@ -144,7 +148,7 @@ def _check_push(args: argparse.Namespace, card) -> None:
 
 
 def _finetune(args: argparse.Namespace, rest: list[str]) -> None:
-    from .runner import prepare, train_and_evaluate, training_arguments, write_manifest
+    from .runner import is_main_process, prepare, train_and_evaluate, training_arguments, write_manifest
 
     overrides = _training_overrides(rest)  # flags first: a typo must not wait on the network
     card = _load_card(args)
@@ -160,6 +164,8 @@ def _finetune(args: argparse.Namespace, rest: list[str]) -> None:
     write_manifest(Path(output_dir) / "run_manifest.json", prepared, args.model, args.data_dir, training,
                    {"max_samples": samples})
     _predict_test_files(card, output_dir, args)
+    if not is_main_process():
+        return
     if args.push_to_hub:
         _push(card, output_dir, args, result["metrics"], training)
     print(json.dumps({k: v for k, v in result["metrics"].items() if k.startswith("eval_")}, indent=2))
@@ -174,6 +180,9 @@ def _grid(args: argparse.Namespace, rest: list[str]) -> None:
     from .grid import run_grid, search_space
 
     overrides = _training_overrides(rest)  # flags first: a typo must not wait on the network
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise ValueError("grid runs whole trials, one per process: start one `bert-suite grid` per GPU or machine "
+                         "with the same --storage instead of a launcher (README, \"Scaling out\")")
     card = _load_card(args)
     owned = [f"--{name} (use {flag})" for name, flag in GRID_AXES.items() if name in overrides]
     if owned:  # the grid would overwrite it with its own values

@@ -323,19 +323,26 @@ class BertSuitePreTrainingHeads(BertSuiteMLMHead):
             self.seq_relationship = nn.Linear(config.hidden_size, 2)
 
 
-def masked_lm_logits_and_loss(head, sequence_output, labels, masked_positions_only=False):
+def masked_lm_logits_and_loss(head, sequence_output, labels, masked_positions_only=False, num_items_in_batch=None):
     """MLM logits at every position (the stock contract) and the mean cross-entropy over the
     positions whose label is not -100. With `masked_positions_only` (and labels), the logits are
     computed for the labelled positions only, shape (n_labelled, vocab): the same loss for a
-    fraction of the cost, since the vocabulary projection dominates small models' pre-training."""
+    fraction of the cost, since the vocabulary projection dominates small models' pre-training.
+    With `num_items_in_batch` (transformers' name), the summed cross-entropy is divided by it
+    instead of by this batch's count: a loss normalised over a whole accumulated, distributed batch."""
+    reduction = "mean" if num_items_in_batch is None else "sum"
     if masked_positions_only and labels is not None:
         chosen = labels != -100
         logits = head(sequence_output[chosen])
-        return logits, F.cross_entropy(logits, labels[chosen])
-    logits = head(sequence_output)
-    loss = None
-    if labels is not None:
-        loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100)
+        loss = F.cross_entropy(logits, labels[chosen], reduction=reduction)
+    else:
+        logits = head(sequence_output)
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100,
+                                   reduction=reduction)
+    if loss is not None and num_items_in_batch is not None:
+        loss = loss / num_items_in_batch
     return logits, loss
 
 
@@ -610,11 +617,12 @@ class BertSuiteForPreTraining(_BertSuiteWithLMHead):
         output_hidden_states=None,
         return_dict=None,
         masked_positions_only=False,
+        num_items_in_batch=None,
     ):
         enc = self._encode(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
                            output_attentions, output_hidden_states)
         logits, loss = masked_lm_logits_and_loss(self.cls.predictions, enc.last_hidden_state, labels,
-                                                 masked_positions_only)
+                                                 masked_positions_only, num_items_in_batch)
         nsp_logits = self.cls.seq_relationship(enc.pooler_output) if self.config.use_nsp else None
         if loss is not None and nsp_logits is not None:
             if next_sentence_label is None:
@@ -649,11 +657,12 @@ class BertSuiteForMaskedLM(_BertSuiteWithLMHead):
         output_hidden_states=None,
         return_dict=None,
         masked_positions_only=False,
+        num_items_in_batch=None,
     ):
         enc = self._encode(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
                            output_attentions, output_hidden_states)
         logits, loss = masked_lm_logits_and_loss(self.cls.predictions, enc.last_hidden_state, labels,
-                                                 masked_positions_only)
+                                                 masked_positions_only, num_items_in_batch)
         out = MaskedLMOutput(loss=loss, logits=logits, hidden_states=enc.hidden_states, attentions=enc.attentions)
         return self._finish(out, return_dict)
 

@@ -25,12 +25,14 @@ import datasets
 import numpy as np
 import torch
 import transformers
-from transformers import Trainer, TrainingArguments
+from transformers import Trainer, TrainerCallback, TrainingArguments
+from transformers.trainer_utils import get_last_checkpoint
 
 from . import __version__, adapters
 from .adapters import TaskAdapter
 from .cards import CARD_FILE, TaskCard, save_card
 from .configuration_bert_suite import BertSuiteConfig
+from .faults import failpoint
 from .io import atomic_write_text
 from .tokenization import check_max_seq_length, load_tokenizer
 
@@ -143,6 +145,33 @@ class SuiteTrainer(Trainer):
             return out
         return out._replace(predictions=_reorder(out.predictions, self._eval_inverse),
                             label_ids=_reorder(out.label_ids, self._eval_inverse))
+
+
+def is_main_process() -> bool:
+    """True in a single process, and in the global rank 0 of a launched group (torchrun, accelerate
+    launch): the one process that writes results, manifests and prediction files."""
+    return int(os.environ.get("RANK", "0")) == 0
+
+
+class _StepFailpoint(TrainerCallback):
+    """`finetune.step` after each optimizer step, for the kill-and-resume tests (bert_suite.faults)."""
+
+    def on_step_end(self, args, state, control, **kwargs):
+        failpoint("finetune.step")
+
+
+def resume_checkpoint(args: TrainingArguments) -> str | None:
+    """--resume_from_checkpoint PATH, or `auto`: the newest checkpoint-N in the output folder, if any
+    (a fresh start otherwise), as the example scripts find their last checkpoint."""
+    wanted = args.resume_from_checkpoint
+    if wanted in (None, "", "no", "none", "false"):
+        return None
+    if wanted in ("auto", "last", "true"):
+        return get_last_checkpoint(args.output_dir) if os.path.isdir(args.output_dir) else None
+    if not os.path.isdir(wanted):
+        raise RunError(f"--resume_from_checkpoint {wanted}: no such checkpoint folder; expected a checkpoint-N "
+                       "folder written with --save_strategy steps|epoch, or `auto` for the newest in --output_dir")
+    return wanted
 
 
 def adapter_for(card: TaskCard) -> TaskAdapter:
@@ -287,9 +316,13 @@ def train_and_evaluate(prepared: Prepared, model_name: str, args: TrainingArgume
         data_collator=adapter.collator(prepared.tokenizer),
         processing_class=prepared.tokenizer,
         compute_metrics=adapter.metric_fn(card, prepared.raw[first], prepared.encoded[first]),
+        callbacks=[_StepFailpoint()],
     )
     start = time.time()
-    train_output = trainer.train()
+    checkpoint = resume_checkpoint(args)
+    if checkpoint and is_main_process():
+        print(f"resuming from {checkpoint}")
+    train_output = trainer.train(resume_from_checkpoint=checkpoint)
     out = Path(args.output_dir)
     metrics = {"train_loss": train_output.training_loss, "train_runtime": time.time() - start,
                "train_samples": len(prepared.encoded[card.train_split])}
@@ -302,15 +335,17 @@ def train_and_evaluate(prepared: Prepared, model_name: str, args: TrainingArgume
         metrics.update(result.metrics)
         metrics[f"{prefix}_samples"] = len(prepared.raw[split])
         chosen = adapter.write_outputs(out / "predictions", card, split, prepared.raw[split], dataset,
-                                       result.predictions, settings if split != first else {})
+                                       result.predictions, settings if split != first else {}) \
+            if is_main_process() else {}  # the other processes of a launched group write nothing
         if split == first:  # thresholds are chosen on the first dev split only, then applied to the others
             settings.update(chosen)
             metrics.update({f"chosen_{k}": v for k, v in chosen.items()})
     history = [entry for entry in trainer.state.log_history if any(k.startswith("eval_") for k in entry)]
-    trainer.save_model(str(save_to or out))
-    save_card(card, Path(save_to or out) / CARD_FILE)  # predict finds the task beside the checkpoint
-    atomic_write_text(Path(save_to or out) / TASK_SETTINGS_FILE, json.dumps(settings, indent=2, sort_keys=True))
-    atomic_write_text(out / "all_results.json", json.dumps(metrics, indent=2, sort_keys=True))
+    trainer.save_model(str(save_to or out))  # the main process only (Trainer)
+    if is_main_process():
+        save_card(card, Path(save_to or out) / CARD_FILE)  # predict finds the task beside the checkpoint
+        atomic_write_text(Path(save_to or out) / TASK_SETTINGS_FILE, json.dumps(settings, indent=2, sort_keys=True))
+        atomic_write_text(out / "all_results.json", json.dumps(metrics, indent=2, sort_keys=True))
     return {"metrics": metrics, "history": history, "train_runtime": metrics["train_runtime"]}
 
 
@@ -337,8 +372,9 @@ def predict(card: TaskCard, model: str, split: str, data_dir: str | None, output
     labels = [c for c in LABEL_COLUMNS if c in data.column_names]
     result = trainer.predict(data.remove_columns(labels))
     chosen = {**saved, **(settings or {})}
-    adapter.write_outputs(Path(output_dir) / "predictions", card, split, prepared.raw[split], data,
-                          result.predictions, chosen)
+    if is_main_process():
+        adapter.write_outputs(Path(output_dir) / "predictions", card, split, prepared.raw[split], data,
+                              result.predictions, chosen)
     return adapter.output_path(Path(output_dir) / "predictions", card, split)
 
 
@@ -397,8 +433,9 @@ def write_manifest(path: Path, prepared: Prepared, model: str, data_dir: str | N
         "seed": args.seed,
         **(extra or {}),
     }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(path, json.dumps(manifest, indent=2, sort_keys=True, default=str))
+    if is_main_process():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(path, json.dumps(manifest, indent=2, sort_keys=True, default=str))
 
 
 def training_arguments(card: TaskCard, output_dir: str, overrides: dict | None = None) -> TrainingArguments:
@@ -414,5 +451,12 @@ def training_arguments(card: TaskCard, output_dir: str, overrides: dict | None =
     for key in ("learning_rate", "num_train_epochs", "per_device_train_batch_size"):
         if key in values and float(values[key]) <= 0:
             raise RunError(f"{key} must be positive, got {values[key]}")
+    launched = int(os.environ.get("WORLD_SIZE", "1"))
+    if launched > 1 and not torch.accelerator.is_available():
+        values.setdefault("use_cpu", True)  # else accelerate runs N unconnected copies; on the CPU it joins them with gloo
     os.makedirs(output_dir, exist_ok=True)
-    return TrainingArguments(output_dir=output_dir, **values)
+    args = TrainingArguments(output_dir=output_dir, **values)
+    if args.world_size != launched:
+        raise RunError(f"launched as {launched} processes but the Trainer runs {args.world_size}; expected one "
+                       "process group (check the launcher and the accelerate config)")
+    return args

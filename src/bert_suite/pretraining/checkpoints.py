@@ -62,9 +62,10 @@ def load_checkpoint(accelerator, path: str | Path, scheduler) -> int:
     return int(progress["step"])
 
 
-def load_initial_model(source: str):
+def load_initial_model(source: str, **config_overrides):
     """`init_from`: a checkpoint folder, or a Hub id (offline when the Hub cannot be reached, so a
-    missing model fails at once, naming the local alternative)."""
+    missing model fails at once, naming the local alternative); `config_overrides` (e.g. dropout)
+    replace the checkpoint's config values."""
     from .. import BertSuiteForPreTraining
 
     if not Path(source).is_dir():
@@ -72,7 +73,7 @@ def load_initial_model(source: str):
 
         offline_unless_reachable()
     try:
-        return BertSuiteForPreTraining.from_pretrained(source)
+        return BertSuiteForPreTraining.from_pretrained(source, **config_overrides)
     except OSError as err:
         raise ValueError(f"init_from {source!r}: cannot load a checkpoint ({str(err).splitlines()[0][:200]}); "
                          "offline, set init_from to a local checkpoint folder (save_pretrained output)") from None

@@ -32,6 +32,8 @@ class PretrainConfig:
     use_nsp: bool = True  # False: Table 5 "No NSP"
     causal_attention: bool = False  # True (with use_nsp False): Table 5 "LTR & No NSP"
     init_from: str | None = None  # start from a checkpoint instead of random weights
+    hidden_dropout_prob: float | None = None  # null: the preset's (0.1); 0 turns dropout off (cramming, MosaicBERT)
+    attention_probs_dropout_prob: float | None = None  # null: the preset's (0.1)
     # --- masking (Table 8 mixes: mask_ratio / random_ratio, the rest unchanged)
     mlm_probability: float = 0.15
     mask_ratio: float = 0.8
@@ -181,6 +183,9 @@ def validate(cfg: PretrainConfig, source: str) -> PretrainConfig:
         bad("mixed_precision", "must be no, fp16 or bf16")
     if cfg.learning_rate <= 0:
         bad("learning_rate", "must be positive")
+    for key in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
+        if getattr(cfg, key) is not None and not 0 <= getattr(cfg, key) < 1:
+            bad(key, "must be in [0, 1) or null")
     if cfg.push_to_hub and not cfg.hub_model_id:
         bad("hub_model_id", "is required with push_to_hub")
     if cfg.causal_attention and cfg.use_nsp:

@@ -7,6 +7,35 @@ import torch
 IGNORE_INDEX = -100
 
 
+_M32 = 0xFFFFFFFF
+
+
+def _hash32(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer mixer on int64 tensors holding values below 2**32. Both multipliers are below
+    2**31, so no product overflows int64."""
+    x = x & _M32
+    x = x ^ (x >> 16)
+    x = (x * 0x21F0AAAD) & _M32
+    x = x ^ (x >> 15)
+    x = (x * 0x735A2D97) & _M32
+    return x ^ (x >> 15)
+
+
+def example_keys(seed: int, step: int, offsets: torch.Tensor) -> torch.Tensor:
+    """One key per example: a function of the run's seed, the step and the example's place in the
+    step's global batch (all processes, all micro-batches). It does not depend on how that batch is
+    split, so 1 process with batch 2B and 2 processes with batch B draw the same masks."""
+    base = _hash32(_hash32(torch.tensor(seed & _M32)) ^ (step & _M32))
+    return _hash32(base ^ offsets.long())
+
+
+def keyed_uniform(keys: torch.Tensor, length: int, draw: int) -> torch.Tensor:
+    """Uniform [0, 1) numbers, (len(keys), length), each a function of (key, position, draw) only:
+    the same for a row whatever its batch or padding."""
+    row = _hash32(keys ^ (draw * 0x9E3779B1 & _M32))
+    return _hash32(row[:, None] ^ torch.arange(length)).double() / 2.0**32
+
+
 def _as_long(values) -> torch.Tensor:
     """A 1-D int64 tensor from a list of ints, a numpy array (any int dtype) or a tensor."""
     return torch.as_tensor(values).to(torch.long)
@@ -86,7 +115,7 @@ class MaskingCollator:
             count = count.clamp(max=self.max_predictions_per_seq)
         return torch.minimum(count, candidates.sum(dim=1))
 
-    def _whole_words(self, input_ids, candidates, counts, generator) -> torch.Tensor:
+    def _whole_words(self, input_ids, candidates, counts, word_order) -> torch.Tensor:
         """Pick words in random order, each whole and only if it still fits in the sequence's count."""
         continuation = self.is_continuation[input_ids.clamp(0, len(self.is_continuation) - 1)] & candidates
         previous = torch.nn.functional.pad(candidates[:, :-1], (1, 0), value=False)
@@ -97,7 +126,7 @@ class MaskingCollator:
             positions = candidates[row].nonzero().squeeze(1)
             sizes = torch.bincount(word[row, positions]).tolist() if len(positions) else []
             budget, picked = int(counts[row]), []
-            for w in torch.randperm(len(sizes), generator=generator).tolist():
+            for w in word_order(row, starts[row].nonzero().squeeze(1)):
                 if budget == 0:
                     break
                 if sizes[w] <= budget:  # the reference skips a word that would overshoot the count
@@ -106,9 +135,14 @@ class MaskingCollator:
             chosen[row, positions] = torch.isin(word[row, positions], torch.tensor(picked, dtype=torch.long))
         return chosen
 
-    def mask(self, batch: dict[str, torch.Tensor], generator: torch.Generator | None = None) -> dict[str, torch.Tensor]:
+    def mask(self, batch: dict[str, torch.Tensor], generator: torch.Generator | None = None,
+             keys: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
         """A NEW dict: input_ids with the chosen positions replaced, labels = original id at chosen positions, -100
-        elsewhere; every other key unchanged (attention_mask, token_type_ids, next_sentence_label)."""
+        elsewhere; every other key unchanged (attention_mask, token_type_ids, next_sentence_label).
+
+        Draws come from `generator` (default: the collator's), or, with `keys` (one int per row, see
+        `example_keys`), from a hash of (key, position): a row's masks then do not depend on the rows
+        batched with it or on padding, which makes a run's masks independent of the number of processes."""
         generator = generator if generator is not None else self.generator
         input_ids = batch["input_ids"].long()
         device, shape = input_ids.device, input_ids.shape
@@ -117,18 +151,38 @@ class MaskingCollator:
         attention_mask = (input_ids != self.pad_id) if attention_mask is None else attention_mask.cpu().bool()
         candidates = attention_mask & ~torch.isin(input_ids, self.special_ids)
         counts = self._counts(attention_mask, candidates)
+        if keys is None:
+            def uniform(draw):
+                return torch.rand(shape, generator=generator)
+        else:
+            keys = torch.as_tensor(keys, dtype=torch.long).cpu()
+
+            def uniform(draw):
+                return keyed_uniform(keys, shape[1], draw)
         if self.whole_word_mask:
-            chosen = self._whole_words(input_ids, candidates, counts, generator)
+            if keys is None:
+                def word_order(row, starts):
+                    return torch.randperm(len(starts), generator=generator).tolist()
+            else:
+                scores = uniform(0)
+
+                def word_order(row, starts):  # words ranked by the score of their first piece
+                    return scores[row, starts].argsort(descending=True, stable=True).tolist()
+            chosen = self._whole_words(input_ids, candidates, counts, word_order)
         else:
             # Rank random scores with non-candidates last; the `count` best-ranked positions are chosen.
-            scores = torch.rand(shape, generator=generator).masked_fill(~candidates, -1.0)
-            order = scores.argsort(dim=1, descending=True)
+            scores = uniform(0).masked_fill(~candidates, -1.0)
+            order = scores.argsort(dim=1, descending=True, stable=True)
             chosen = torch.zeros_like(candidates).scatter_(1, order, torch.arange(shape[1]) < counts[:, None])
         # One uniform draw per position decides MASK / RANDOM / SAME (per token, also under whole-word).
-        kind = torch.rand(shape, generator=generator)
+        kind = uniform(1)
         to_mask = chosen & (kind < self.mask_ratio)
         to_random = chosen & (kind >= self.mask_ratio) & (kind < self.mask_ratio + self.random_ratio)
-        random_ids = self.random_pool[torch.randint(len(self.random_pool), shape, generator=generator)]
+        if keys is None:
+            picks = torch.randint(len(self.random_pool), shape, generator=generator)
+        else:
+            picks = (uniform(2) * len(self.random_pool)).long().clamp(max=len(self.random_pool) - 1)
+        random_ids = self.random_pool[picks]
         masked = input_ids.masked_fill(to_mask, self.mask_id).where(~to_random, random_ids)
         out = dict(batch)
         out["input_ids"] = masked.to(device)
