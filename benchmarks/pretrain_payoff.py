@@ -213,9 +213,10 @@ def _verdict(d: dict, ahead: str, behind: str) -> str:
     return f"{ahead} - {behind}: {_pct(d['difference'])} ± {_pct(d['difference_se'])}: **{word}**"
 
 
-def summary_markdown(record: dict, title: str, notes: list[str] = ()) -> str:
+def summary_markdown(record: dict, title: str, notes: list[str] = (), names: dict | None = None) -> str:
     """The summary: the protocol, the pre-training, then a table per task (model, chosen setting, per-seed
-    scores, mean ± SE) and the difference ± SE with its verdict."""
+    scores, mean ± SE) and the difference ± SE with its verdict. `names` renames models in the text."""
+    names = {"pretrained": "pre-trained", "random": "random init", "general": "general", **(names or {})}
     pre, grid = record["pretraining"], record["grid"]
     lines = [f"# {title}", "", f"`{record['command']}`", "", PROTOCOL, "",
              f"Pre-training: {pre['model_size']}, vocabulary {pre['vocab_size']:,}, {pre['steps']:,} steps, "
@@ -233,20 +234,22 @@ def summary_markdown(record: dict, title: str, notes: list[str] = ()) -> str:
         lines += [f"## {task} ({entry['metric']})", "", header, "|---|---|---|---:|" + ("---:|" if beside else "")]
         for model in models:
             chosen = entry.get("chosen", {}).get(model)
-            setting = (f"lr {chosen['learning_rate']:g}, batch {chosen['batch_size']}, {chosen['epochs']:g} epochs"
+            setting = (f"lr {chosen['learning_rate']:g}, batch {chosen['batch_size']}, epochs {chosen['epochs']:g}"
                        if chosen else "")
             mean, se = mean_se(entry[model])
-            row = f"| {model} | {setting} | {', '.join(_pct(v) for v in entry[model])} | {_pct(mean)} ± {_pct(se)} |"
+            row = f"| {names[model]} | {setting} | {', '.join(_pct(v) for v in entry[model])} | {_pct(mean)} ± {_pct(se)} |"
             if beside:
                 row += f" {_pct(statistics.fmean(entry[beside[0]][model]))} |" if beside[0] in entry else " |"
             lines.append(row)
         d = difference(entry["pretrained"], entry["random"])
         ahead += d["beyond_2se"]
-        lines += ["", _verdict(d, "pretrained", "random")]
+        lines += ["", _verdict(d, names["pretrained"], names["random"])]
         if "general" in entry:
-            lines.append(_verdict(difference(entry["pretrained"], entry["general"]), "pretrained", "general"))
+            lines.append(_verdict(difference(entry["pretrained"], entry["general"]), names["pretrained"],
+                                  names["general"]))
         lines.append("")
-    lines.append(f"Pre-trained ahead by more than 2 SE on {ahead} of {len(record['tasks'])} tasks.")
+    lines.append(f"{names['pretrained'].capitalize()} ahead of {names['random']} by more than 2 SE on {ahead} of "
+                 f"{len(record['tasks'])} tasks.")
     return "\n".join(lines) + "\n"
 
 
@@ -277,8 +280,8 @@ def device_name() -> str:
 
 
 def recipe_overrides(args, data: dict[str, Path], vocab: Path, output_dir: Path, steps: int,
-                     learning_rate: float, init_from: Path | None = None) -> list[str]:
-    """recipes/pretrain.py key=value overrides for a run of `steps` steps."""
+                     learning_rate: float, init_from: Path | None = None, **replace) -> list[str]:
+    """recipes/pretrain.py key=value overrides for a run of `steps` steps (`replace`: other values for some)."""
     length = args.max_seq_length
     values = {"model_size": args.model_size, "train_data": data[length], "tokenizer": vocab, "output_dir": output_dir,
               "max_steps": steps, "warmup_steps": max(0, round(args.warmup_fraction * steps)),
@@ -296,6 +299,7 @@ def recipe_overrides(args, data: dict[str, Path], vocab: Path, output_dir: Path,
         values["init_from"] = init_from
     if args.pretrain_dropout is not None:  # both only when given: the recipe's default is the preset's
         values.update(hidden_dropout_prob=args.pretrain_dropout, attention_probs_dropout_prob=args.pretrain_dropout)
+    values.update(replace)
     return [f"{k}={v}" for k, v in values.items()] + list(args.pretrain_override)
 
 
@@ -329,18 +333,18 @@ def data_stats(folder: Path) -> dict:
     return json.loads((folder / "pretrain_data_stats.json").read_text())
 
 
-def calibrate(args, data, vocab, out: Path) -> tuple[float, float]:
-    """Seconds per optimizer step of the planned run (phases weighted by their share) and the calibration's
-    own wall seconds, from a short run with the same settings: the tokens per second of the last logged
-    window of each phase (the first window holds the start-up)."""
+def calibrate(args, data, vocab, out: Path) -> tuple[float, float, float]:
+    """From a short run with the same settings: seconds per optimizer step of the planned run (phases
+    weighted by their share), from the tokens per second of the last logged window of each phase (the
+    first window holds the start-up); the calibration's own wall seconds; and the start-up and saving
+    around the steps (its wall time minus its steps), which the planned run pays too."""
     result_file = out / "calibration.json"
     if not result_file.is_file():
         steps = args.calibration_steps
-        overrides = recipe_overrides(args, data, vocab, out / "run", steps, args.learning_rate)
-        overrides += [f"logging_steps={max(1, steps // (4 if args.phase2 else 2))}", f"eval_steps={steps}",
-                      f"save_steps={steps}", "eval_batches=1", "resume_from_checkpoint=null"]
-        if args.phase2:
-            overrides.append("phase1_fraction=0.5")
+        overrides = recipe_overrides(args, data, vocab, out / "run", steps, args.learning_rate,
+                                     logging_steps=max(1, steps // (4 if args.phase2 else 2)), eval_steps=steps,
+                                     save_steps=steps, eval_batches=1, resume_from_checkpoint="null",
+                                     **({"phase1_fraction": 0.5} if args.phase2 else {}))
         seconds = run([BIN / "accelerate", "launch", "--config_file", args.accelerate_config,
                        ROOT / "recipes" / "pretrain.py", *overrides], out / "calibration.log", "calibration")
         logs = [json.loads(line) for line in (out / "run" / "metrics.jsonl").read_text().splitlines()]
@@ -355,9 +359,18 @@ def calibrate(args, data, vocab, out: Path) -> tuple[float, float]:
     per_step = {int(k): v for k, v in result["seconds_per_step"].items()}
     share2 = args.phase2_fraction if args.phase2 else 0.0
     mean_step = (1 - share2) * per_step[1] + share2 * per_step.get(2, per_step[1])
-    print(f"[payoff] calibration: {per_step[1]:.3f} s a phase-1 step"
-          + (f", {per_step[2]:.3f} s a phase-2 step" if 2 in per_step else "") + f" ({result['wall_seconds']:.0f} s)")
-    return mean_step, result["wall_seconds"]
+    stepping = result["steps"] * statistics.fmean(per_step.values())  # its steps: half in each phase with phase 2
+    overhead = max(0.0, result["wall_seconds"] - stepping)
+    print(f"[payoff] calibration: {per_step[1]:.3f} s a phase-1 step" + (f", {per_step[2]:.3f} s a phase-2 step"
+          if 2 in per_step else "") + f"; {overhead:.0f} s start-up ({result['wall_seconds']:.0f} s in all)")
+    return mean_step, result["wall_seconds"], overhead
+
+
+def planned_steps(minutes: float, per_step: float, calibration_seconds: float, overhead: float,
+                  safety: float) -> int:
+    """The steps that fit a budget of `minutes` which also holds the calibration run and the planned run's own
+    start-up (`overhead`); `safety` keeps a share back for evaluations and checkpoints."""
+    return max(1, int((minutes * 60 - calibration_seconds - overhead) * safety / per_step))
 
 
 def fine_tuning_checkpoint(final: Path, size: str) -> Path:
@@ -442,9 +455,9 @@ def collect(args, models: dict[str, Path], seeds: list[int]) -> dict:
     return tasks
 
 
-def write_outputs(out: Path, name: str, record: dict, title: str, notes: list[str]) -> None:
+def write_outputs(out: Path, name: str, record: dict, title: str, notes: list[str], names: dict | None = None) -> None:
     (out / f"{name}.json").write_text(json.dumps(record, indent=2) + "\n")
-    text = summary_markdown(record, title, notes)
+    text = summary_markdown(record, title, notes, names)
     (out / f"summary{name[len('payoff'):]}.md").write_text(text)
     print(text)
     print(f"[payoff] wrote {out / f'{name}.json'}")
@@ -550,12 +563,12 @@ def main(argv=None) -> dict | None:
     if steps is None:
         if args.pretrain_minutes is None:
             raise SystemExit("pretrain_payoff: give --steps or --pretrain_minutes")
-        per_step, calibration_seconds = calibrate(args, data, vocab, out / "calibration")
-        budget = args.pretrain_minutes * 60 - calibration_seconds
-        steps = max(1, int(budget * args.budget_safety / per_step))
+        per_step, calibration_seconds, overhead = calibrate(args, data, vocab, out / "calibration")
+        steps = planned_steps(args.pretrain_minutes, per_step, calibration_seconds, overhead, args.budget_safety)
         command += f" --steps {steps}"  # what reruns it exactly
         notes.append(f"Steps planned from a {args.calibration_steps}-step calibration run ({calibration_seconds:.0f} s,"
-                     f" {per_step:.3f} s a step) to fit {args.pretrain_minutes:g} minutes.")
+                     f" {per_step:.3f} s a step, {overhead:.0f} s start-up) to fit {args.pretrain_minutes:g} minutes "
+                     f"with the calibration in them.")
     general = out / "pretrain"
     pretrain(args, recipe_overrides(args, data, vocab, general, steps, args.learning_rate), general, steps,
              "pre-training")
@@ -633,10 +646,11 @@ def task_adaptive(args, out, vocab, vocab_size, corpus, corpus_name, general, gr
                   for task in args.tasks}
     command += " --tapt" if " --tapt" not in command else ""
     record = build_record(command, facts, settings, collect(args, tapt_grids, args.seeds))
-    tapt_notes = [*notes, f"Task-adaptive: {steps} more steps from {general / 'final'} on the tasks' train texts "
-                  f"(held-out perplexity there: on the TAPT text); 'general' is the general-corpus checkpoint's row."]
+    tapt_notes = [*notes, f"Task-adaptive: {steps} more steps from the general checkpoint on the tasks' train "
+                  "texts; its held-out perplexity and NSP accuracy are on that text. 'general only' is the general "
+                  "checkpoint's row of payoff.json; in the record, 'pretrained' is the task-adaptive model."]
     write_outputs(out, "payoff_tapt", record, "Task-adaptive pre-training vs random initialisation (issue 17)",
-                  tapt_notes)
+                  tapt_notes, {"pretrained": "task-adaptive", "general": "general only"})
     return record
 
 

@@ -161,10 +161,12 @@ def test_the_summary_states_the_protocol_and_a_table_per_task(tmp_path):
     assert "sqrt(var_p/n_p + var_r/n_r)" in text and "- SST-2: the first 20,000 sentences." in text
     assert "tiny, vocabulary 8,192, 4,000 steps, 31,000,000 tokens, 59.5 minutes on cpu (2 cores)" in text
     assert "| model | chosen setting | per-seed accuracy | mean ± SE | f1 at that setting (mean) |" in text
-    assert "| pretrained | lr 0.0003, batch 32, 3 epochs | 75.00, 74.00, 76.00 | 75.00 ± 0.58 | 65.00 |" in text
-    assert "| random | lr 0.0001, batch 32, 3 epochs | 74.00, 76.00, 60.00 | 70.00 ± 5.03 | 70.00 |" in text
-    assert "pretrained - random: 5.00 ± 5.07: **not beyond 2 SE**" in text
-    assert text.rstrip().endswith("Pre-trained ahead by more than 2 SE on 0 of 1 tasks.")
+    assert "| pre-trained | lr 0.0003, batch 32, epochs 3 | 75.00, 74.00, 76.00 | 75.00 ± 0.58 | 65.00 |" in text
+    assert "| random init | lr 0.0001, batch 32, epochs 3 | 74.00, 76.00, 60.00 | 70.00 ± 5.03 | 70.00 |" in text
+    assert "pre-trained - random init: 5.00 ± 5.07: **not beyond 2 SE**" in text
+    assert text.rstrip().endswith("Pre-trained ahead of random init by more than 2 SE on 0 of 1 tasks.")
+    tapt = payoff.summary_markdown(record, "TAPT", names={"pretrained": "task-adaptive"})
+    assert "| task-adaptive | lr 0.0003" in tapt and "Task-adaptive ahead of random init" in tapt
 
 
 def test_recipe_overrides_pass_dropout_only_when_given_and_the_recipe_config_accepts_them(tmp_path):
@@ -172,16 +174,18 @@ def test_recipe_overrides_pass_dropout_only_when_given_and_the_recipe_config_acc
     args = payoff.parse_args(["--masking_rate", "0.2", "--batch_size", "32"])
     overrides = payoff.recipe_overrides(args, data, tmp_path / "vocab", tmp_path / "out", 1000, 1e-3)
     assert not any("dropout" in o for o in overrides)
+    assert len({o.split("=")[0] for o in overrides}) == len(overrides)
     cfg = load_pretrain_config(None, overrides)
     assert (cfg.max_steps, cfg.warmup_steps, cfg.mlm_probability, cfg.max_predictions_per_seq) == (1000, 60, 0.2, 26)
     assert (cfg.phase1_fraction, cfg.train_data_phase2, cfg.resume_from_checkpoint) == (1.0, None, "auto")
 
     args = payoff.parse_args(["--pretrain_dropout", "0", "--phase2", "--pretrain_override", "whole_word_mask=true"])
     overrides = payoff.recipe_overrides(args, data, tmp_path / "vocab", tmp_path / "out", 100, 1e-3,
-                                        init_from=tmp_path / "general")
+                                        init_from=tmp_path / "general", eval_batches=1)
     assert {"hidden_dropout_prob=0.0", "attention_probs_dropout_prob=0.0", "whole_word_mask=true",
             f"init_from={tmp_path / 'general'}", f"train_data_phase2={data[512]}", "phase1_fraction=0.9",
-            "per_device_train_batch_size_phase2=16"} <= set(overrides)
+            "per_device_train_batch_size_phase2=16", "eval_batches=1"} <= set(overrides)
+    assert "eval_batches=20" not in overrides
     if "hidden_dropout_prob" in PretrainConfig.__dataclass_fields__:  # the recipe's dropout keys have landed
         assert load_pretrain_config(None, overrides).hidden_dropout_prob == 0.0
 
@@ -208,3 +212,15 @@ def test_without_the_shared_data_it_skips_cleanly(tmp_path, capsys):
     assert payoff.main(["--data", str(tmp_path / "nowhere"), "--output_dir", str(tmp_path / "out")]) is None
     assert f"no GLUE folders or corpus under {tmp_path / 'nowhere'}: skipping" in capsys.readouterr().out
     assert not (tmp_path / "out").exists()
+
+
+def test_a_minute_budget_is_planned_from_the_calibration_with_its_time_and_the_start_up_in_it(tmp_path, capsys):
+    (tmp_path / "calibration.json").write_text(json.dumps({"seconds_per_step": {"1": 0.5, "2": 1.0},
+                                                           "wall_seconds": 30.0, "steps": 20}))
+    args = payoff.parse_args(["--phase2"])  # 10% of the steps in phase 2
+    per_step, wall, overhead = payoff.calibrate(args, {}, None, tmp_path)  # read back, nothing run
+    # 0.9 x 0.5 + 0.1 x 1.0; the 20 steps ran half in each phase: 30 - 20 x 0.75 = 15 s around them
+    assert (per_step, wall, overhead) == (pytest.approx(0.55), 30.0, pytest.approx(15.0))
+    assert "0.500 s a phase-1 step, 1.000 s a phase-2 step; 15 s start-up" in capsys.readouterr().out
+    assert payoff.planned_steps(60, 0.55, 30.0, 15.0, 0.95) == int((3600 - 45) * 0.95 / 0.55) == 6140
+    assert payoff.planned_steps(0.5, 0.55, 30.0, 15.0, 0.95) == 1  # nothing left: one step, not zero
