@@ -224,3 +224,17 @@ def test_a_minute_budget_is_planned_from_the_calibration_with_its_time_and_the_s
     assert "0.500 s a phase-1 step, 1.000 s a phase-2 step; 15 s start-up" in capsys.readouterr().out
     assert payoff.planned_steps(60, 0.55, 30.0, 15.0, 0.95) == int((3600 - 45) * 0.95 / 0.55) == 6140
     assert payoff.planned_steps(0.5, 0.55, 30.0, 15.0, 0.95) == 1  # nothing left: one step, not zero
+
+
+def test_a_checkpoint_pretrained_without_dropout_fine_tunes_with_the_presets_dropout(tmp_path):
+    final = tmp_path / "final"
+    final.mkdir()
+    (final / "model.safetensors").write_bytes(b"weights")
+    (final / "config.json").write_text(json.dumps({"hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1}))
+    assert payoff.fine_tuning_checkpoint(final, "tiny") == final  # the preset's dropout: used as it is
+    (final / "config.json").write_text(json.dumps({"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0,
+                                                   "hidden_size": 128}))
+    twin = payoff.fine_tuning_checkpoint(final, "tiny")
+    assert twin == tmp_path / "final-finetune" and (twin / "model.safetensors").read_bytes() == b"weights"
+    assert json.loads((twin / "config.json").read_text()) == {"hidden_dropout_prob": 0.1,
+                                                              "attention_probs_dropout_prob": 0.1, "hidden_size": 128}
