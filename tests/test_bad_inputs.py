@@ -760,6 +760,16 @@ CASES = [
     Case("storage-grace-below-heartbeat", "Grid storage", "`grid --heartbeat_interval 30 --grace_period 10`",
          lambda tmp, env: ["grid", *finetune("rte", rte_data(tmp), tmp, env)[1:], "--grace_period", "10"],
          r"--grace_period", r"\(10 s\)", r"must be longer than --heartbeat_interval \(30 s\)"),
+    Case("storage-study-of-another-grid", "Grid storage",
+         "`grid --study_name shared` on a study another grid made (other learning rates)",
+         lambda tmp, env: _study_of_another_grid(tmp, env), r"study 'shared'",
+         r"made by another grid \(learning_rate 0\.001 x .*\); this grid is learning_rate 2e-05 x",
+         r"expected the same grid flags .* or another --study_name"),
+    Case("grid-folder-of-another-grid", "Grid storage",
+         "`grid --output_dir OUT` while workers of another grid are running in OUT",
+         lambda tmp, env: _folder_of_another_grid(tmp, env), r"workers of another grid are running in this folder",
+         r"study rte-grid-other: learning_rate 0\.001 x .*\); this grid is learning_rate 2e-05 x",
+         r"expected one grid per --output_dir"),
     Case("files-bad-json-lines", "Data-file flags", "a JSON Lines train file whose third line is cut short",
          files_case(("train.jsonl", '{"text": "the man", "label": "pos"}\n{"text": "a man", "label": "neg"}\n'
                                     '{"text": "the woman", "label": \n'), validation=("dev.jsonl", "{}\n")),
@@ -767,6 +777,35 @@ CASES = [
 ]
 
 assert len({c.id for c in CASES}) == len(CASES), "case ids must be unique"
+
+_HELD = []  # claims of "other grids' workers", held while a case runs (each case has its own folder)
+
+
+def _grid_args(tmp: Path, env: Env, storage: str | None = None) -> list[str]:
+    args = ["grid", *finetune("rte", rte_data(tmp), tmp, env)[1:], "--learning_rates", "2e-5", "--batch_sizes", "8",
+            "--epochs", "1"]
+    return args + (["--storage", storage, "--study_name", "shared"] if storage else [])
+
+
+def _study_of_another_grid(tmp: Path, env: Env) -> list[str]:
+    from bert_suite.grid import check_study_grid, open_study
+
+    storage = f"sqlite:///{tmp / 'shared.db'}"
+    other = {"learning_rate": [1e-3], "per_device_train_batch_size": [8], "num_train_epochs": [1], "seed": [42]}
+    check_study_grid(open_study(storage, "shared"), other, storage)
+    return _grid_args(tmp, env, storage)
+
+
+def _folder_of_another_grid(tmp: Path, env: Env) -> list[str]:
+    from bert_suite.grid import describe_grid, folder_claim
+
+    args = _grid_args(tmp, env)
+    out = Path(args[args.index("--output_dir") + 1])
+    other = {"learning_rate": [1e-3], "per_device_train_batch_size": [8], "num_train_epochs": [1], "seed": [42]}
+    claim = folder_claim(out, "rte-grid-other", describe_grid(other))
+    claim.__enter__()  # a live worker of that grid (flock: another open file, so it conflicts in-process too)
+    _HELD.append(claim)
+    return args
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])

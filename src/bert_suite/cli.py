@@ -196,7 +196,8 @@ def _grid(args: argparse.Namespace, rest: list[str]) -> None:
     result = run_grid(card, args.model, output_dir, args.data_dir, args.tokenizer, args.max_seq_length, space,
                       args.storage, args.keep_all, overrides,
                       max_samples={"train": args.max_train_samples, "eval": args.max_eval_samples},
-                      heartbeat_interval=args.heartbeat_interval, grace_period=args.grace_period)
+                      heartbeat_interval=args.heartbeat_interval, grace_period=args.grace_period,
+                      name=args.study_name)
     print(Path(result["files"]["grid_results.md"]).read_text() if "grid_results.md" in result["files"] else result)
     if result["best"] is not None:
         _predict_test_files(card, str(Path(output_dir) / "best"), args)

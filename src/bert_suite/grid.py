@@ -103,6 +103,68 @@ def study_name(card: TaskCard, space: dict[str, list], max_samples: dict | None 
     return f"{card.name}-grid-{digest[:10]}"
 
 
+def describe_grid(space: dict[str, list]) -> str:
+    """A grid in one line, as the errors name it: `learning_rate 2e-05,3e-05 x per_device_train_batch_size 16 x ...`."""
+    return " x ".join(f"{axis} {','.join(format(float(v), 'g') for v in sorted(map(float, values)))}"
+                      for axis, values in space.items())
+
+
+def check_study_grid(study: optuna.Study, space: dict[str, list], storage: str) -> None:
+    """The first worker records the study's grid; a worker with another grid under the same study name
+    (--study_name) is refused, naming both, before it adds a point: Optuna cannot change a parameter's
+    values inside a study, and a report over two grids' points would compare what it should not."""
+    grid = describe_grid(space)
+    with _storage_lock(study):
+        stored = study.user_attrs.get("grid")
+        if stored is None:
+            study.set_user_attr("grid", grid)
+        elif stored != grid:
+            raise StorageError(f"--storage {_safe_url(storage)}: study {study.study_name!r} was made by another grid "
+                               f"({stored}); this grid is {grid}; expected the same grid flags for every worker of a "
+                               "study, or another --study_name for this grid")
+
+
+@contextlib.contextmanager
+def folder_claim(out: Path, study_name: str, grid: str):
+    """While a worker lives it holds a shared lock on OUT/.grid_workers/<study>.lock (the kernel drops it when
+    the process dies, even by SIGKILL). A worker of another study finds a lock it cannot take and is refused,
+    naming both grids: two grids writing best/ and the report into one folder would overwrite each other.
+    A finished or dead grid's lock is free, so a changed grid then runs in the same folder."""
+    import fcntl
+
+    folder = out / ".grid_workers"
+    folder.mkdir(parents=True, exist_ok=True)
+    mine = folder / f"{study_name}.lock"
+    with open(folder / ".guard", "a") as guard:
+        fcntl.flock(guard, fcntl.LOCK_EX)  # one worker at a time checks and claims
+        try:
+            for other in sorted(folder.glob("*.lock")):
+                if other == mine:
+                    continue
+                with open(other, "a+") as handle:
+                    try:
+                        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    except BlockingIOError:
+                        handle.seek(0)
+                        raise RunError(f"{out}: workers of another grid are running in this folder (study "
+                                       f"{other.stem}: {handle.read().strip() or 'unknown grid'}); this grid is "
+                                       f"{grid}; expected one grid per --output_dir: wait for them to finish, or "
+                                       "give this grid another --output_dir") from None
+                other.unlink(missing_ok=True)  # nobody holds it: that grid's workers are gone
+            handle = open(mine, "a+")
+            fcntl.flock(handle, fcntl.LOCK_SH)
+            handle.seek(0)
+            if not handle.read():
+                handle.write(grid + "\n")
+                handle.flush()
+        finally:
+            fcntl.flock(guard, fcntl.LOCK_UN)
+    try:
+        yield
+    finally:
+        handle.close()  # releases the lock
+
+
 HEARTBEAT_INTERVAL = 30  # seconds between a running trial's heartbeats
 GRACE_PERIOD = 120  # seconds without a heartbeat after which a trial's worker counts as dead
 POLL_SECONDS = 5  # how often a worker with nothing to pop looks at the others' trials
@@ -339,7 +401,8 @@ def trial_records(study: optuna.Study) -> list[dict]:
 def run_grid(card: TaskCard, model: str, output_dir: str, data_dir: str | None = None, tokenizer: str | None = None,
              max_seq_length: int | None = None, space: dict[str, list] | None = None, storage: str | None = None,
              keep_all: bool = False, overrides: dict | None = None, max_samples: dict | None = None,
-             heartbeat_interval: int = HEARTBEAT_INTERVAL, grace_period: int = GRACE_PERIOD) -> dict:
+             heartbeat_interval: int = HEARTBEAT_INTERVAL, grace_period: int = GRACE_PERIOD,
+             name: str | None = None) -> dict:
     """Run every grid point not yet finished; keep the best checkpoint in output_dir/best; write
     the report. Returns {"best": record or None, "records": [...], "files": {...}}.
 
@@ -348,7 +411,8 @@ def run_grid(card: TaskCard, model: str, output_dir: str, data_dir: str | None =
     each point runs once. A worker whose points are all taken waits for the others and then writes the
     same final report. A worker that dies is noticed by its heartbeat (every `heartbeat_interval` s):
     after `grace_period` s without one its trial is marked failed and its point enqueued again for
-    any worker; on its own host a dead worker's trial is taken up at once, under its own number."""
+    any worker; on its own host a dead worker's trial is taken up at once, under its own number.
+    `name` is the study's (default: the task and a digest of the grid)."""
     if grace_period <= heartbeat_interval:
         raise RunError(f"--grace_period ({grace_period} s) must be longer than --heartbeat_interval "
                        f"({heartbeat_interval} s), or live workers would be taken for dead")
@@ -357,8 +421,16 @@ def run_grid(card: TaskCard, model: str, output_dir: str, data_dir: str | None =
     space = space or search_space(card)
     storage = storage or f"sqlite:///{(out / 'grid.db').resolve()}"
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = open_study(storage, study_name(card, space, max_samples), _GridSampler(space, seed=0),
-                       heartbeat_interval, grace_period)
+    name = name or study_name(card, space, max_samples)
+    study = open_study(storage, name, _GridSampler(space, seed=0), heartbeat_interval, grace_period)
+    check_study_grid(study, space, storage)
+    with folder_claim(out, name, describe_grid(space)):
+        return _run_points(study, storage, card, model, out, data_dir, tokenizer, max_seq_length, space, keep_all,
+                           overrides, max_samples, heartbeat_interval)
+
+
+def _run_points(study, storage, card, model, out, data_dir, tokenizer, max_seq_length, space, keep_all, overrides,
+                max_samples, heartbeat_interval) -> dict:
     points = set(itertools.product(*space.values()))
     enqueue_points(study, space)
     metric = selection_key(card)
@@ -428,7 +500,8 @@ def run_grid(card: TaskCard, model: str, output_dir: str, data_dir: str | None =
         failpoint("grid.trial_told")
         _keep_if_best(study, trial.number, trial_dir, out, keep_all)
         write_manifest(out / "run_manifest.json", prepared, model, data_dir, args,
-                       {"grid": space, "study_storage": storage.split("///")[0] + "///...", "selection": metric,
+                       {"grid": space, "study_storage": storage.split("///")[0] + "///...", "study_name": study.study_name,
+                        "selection": metric,
                         "max_samples": max_samples})
     if bar is not None:
         bar.close()

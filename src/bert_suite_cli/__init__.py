@@ -134,6 +134,8 @@ def build_parser() -> argparse.ArgumentParser:
     grid.add_argument("--storage", help="Optuna storage URL shared by all workers of the grid: sqlite:///FILE for "
                       "workers on one machine, postgresql+psycopg://USER@HOST/DB (or mysql://) across machines "
                       "(default: grid.db in the output folder)")
+    grid.add_argument("--study_name", help="the study's name in --storage, shared by the grid's workers (default: "
+                      "the task and a digest of the grid, so another grid is another study)")
     grid.add_argument("--heartbeat_interval", type=int, default=30,
                       help="seconds between a running trial's heartbeats in the study (default: 30)")
     grid.add_argument("--grace_period", type=int, default=120,
