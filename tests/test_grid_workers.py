@@ -129,3 +129,29 @@ def test_a_stale_trial_of_a_dead_worker_on_another_host_is_taken_over_after_the_
     def by_point(out):  # the taken-over point ran under a new trial number (ties for best go to the lower one)
         return sorted(({k: v for k, v in r.items() if k not in ("trial", "best")} for r in table(out)), key=str)
     assert by_point(tmp_path / "here") == by_point(alone)
+
+
+@pytest.mark.slow  # a grid of 40-step trials, so it is still running when the other starts (40 s): make test-all
+def test_a_worker_of_another_grid_is_refused_while_the_folder_is_in_use_and_nothing_is_lost(data, alone, tmp_path):
+    """Workers started with different grids on one output folder: the second is refused (both grids named)
+    while the first grid's worker lives; that grid finishes with the single-worker report; afterwards the
+    folder is free for the other grid."""
+    out, storage = tmp_path / "grid", f"sqlite:///{tmp_path / 'grid.db'}"
+    first = worker(data, out, storage, "--max_steps", "40")  # trials long enough to be running when the other starts
+    deadline = time.time() + 120
+    while not list((out / ".grid_workers").glob("*.lock")) and time.time() < deadline:
+        time.sleep(0.2)
+    other = [sys.executable, "-m", "bert_suite.cli", "grid", "rte", *run_args(data, out), "--max_steps", "2",
+             "--learning_rates", "3e-4", "--batch_sizes", "8", "--epochs", "1", "--seeds", "1", "--storage", storage]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    refused = subprocess.run(other, env=env, capture_output=True, text=True, timeout=300)
+    assert first.poll() is None, "the first grid ended before the second started: the check proved nothing"
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    assert "workers of another grid are running in this folder" in refused.stderr
+    assert "learning_rate 0.0005,0.001 x" in refused.stderr and "this grid is learning_rate 0.0003 x" in refused.stderr
+    finish([first])
+    rows = table(out)  # the first grid lost nothing: its 8 points, each once, all complete
+    assert len(rows) == 8 and {r["state"] for r in rows} == {"complete"}
+    assert {tuple(r[a] for a in AXES) for r in rows} == {tuple(r[a] for a in AXES) for r in table(alone)}
+    done = subprocess.run(other, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]  # its workers are gone: the folder is free
