@@ -75,6 +75,9 @@ def pretrain_runs(pretrain_setup, tmp_path_factory):
     args = recipe_args(pretrain_setup, tmp / "one", *common, "per_device_train_batch_size=16",
                        "per_device_train_batch_size_phase2=8")
     recipe.main(args)
+    fresh_state()  # and 1 process x 8 x 2 accumulation steps: the same global batch once more
+    recipe.main(recipe_args(pretrain_setup, tmp / "accumulated", *common, "per_device_train_batch_size=8",
+                            "gradient_accumulation_steps=2"))
     return {"tmp": tmp, "two": two, "log": log, "ranks": ranks, "one": seen}
 
 
@@ -91,8 +94,9 @@ def test_two_processes_split_each_global_batch_and_train_as_one_process(pretrain
     # with dropout off the losses are one process's, up to float rounding (all-reduce order)
     two, single = curve(tmp / "two", "mlm_loss", "nsp_loss"), curve(tmp / "one", "mlm_loss", "nsp_loss")
     assert [s[0] for s in two] == [1, 2, 3, 4, 5, 6]
-    for a, b in zip(two, single, strict=True):
-        assert a == pytest.approx(b, rel=1e-5, abs=1e-6)
+    accumulated = curve(tmp / "accumulated", "mlm_loss", "nsp_loss")
+    for a, b, c in zip(two, single, accumulated, strict=True):
+        assert a == pytest.approx(b, rel=1e-5, abs=1e-6) and c == pytest.approx(b, rel=1e-5, abs=1e-6)
     assert single[-1][1] < single[0][1] - 0.2  # and it learned: the check compares moving numbers
 
 
