@@ -203,6 +203,9 @@ NOT_RESULTS = {
                                                "drops a line torn by a crash)",
     ("src/bert_suite/grid.py", "_storage_lock", "open:a"): "an empty lock file beside the SQLite database, "
                                                            "opened to flock it; nothing is written",
+    ("src/bert_suite/grid.py", "folder_claim", "open:a"): "the folder's guard lock, opened to flock it",
+    ("src/bert_suite/grid.py", "folder_claim", "open:a+"): "a worker's lock, labelled with its grid for the "
+                                                           "error another grid's worker prints; no result",
 }
 
 
