@@ -36,6 +36,7 @@ from tqdm.auto import tqdm
 from transformers import get_linear_schedule_with_warmup
 
 from bert_suite import BertSuiteConfig, BertSuiteForPreTraining
+from bert_suite.distributed import launched_processes, needs_cpu_group
 from bert_suite.faults import failpoint
 from bert_suite.io import atomic_write_text
 from bert_suite.pretraining.checkpoints import (
@@ -59,16 +60,17 @@ class StepBatches(torch.utils.data.Sampler):
     def __init__(self, size, batch_size, accumulation, seed, start, rank, world):
         self.size, self.batch, self.accumulation, self.seed = size, batch_size, accumulation, seed
         self.start, self.rank, self.world = start, rank, world
-        self.per_epoch = size // (batch_size * world)
+        self.per_epoch = size // (batch_size * world * accumulation)  # whole steps: none straddles two epochs
         if self.per_epoch < 1:
-            raise ValueError(f"{size} instances do not fill one global batch of {batch_size * world}")
+            raise ValueError(f"{size} instances do not fill one global batch of {batch_size * world * accumulation}")
 
     def __iter__(self):
         micro = self.start * self.accumulation
         while True:
-            epoch, position = divmod(micro, self.per_epoch)
+            step, part = divmod(micro, self.accumulation)
+            epoch, position = divmod(step, self.per_epoch)
             order = torch.randperm(self.size, generator=torch.Generator().manual_seed(self.seed * 100_003 + epoch))
-            first = (position * self.world + self.rank) * self.batch
+            first = ((position * self.accumulation + part) * self.world + self.rank) * self.batch
             yield order[first: first + self.batch].tolist()
             micro += 1
 
@@ -194,8 +196,8 @@ def main(argv=None):
     report_to = None if cfg.report_to == "none" else cfg.report_to
     # torchrun or `accelerate launch --multi_gpu` on a machine without an accelerator: accelerate
     # would run N unconnected copies unless told to use the CPU (then it joins them with gloo).
-    launched = int(os.environ.get("WORLD_SIZE", "1"))
-    accelerator = Accelerator(cpu=launched > 1 and not torch.accelerator.is_available(),
+    launched = launched_processes()
+    accelerator = Accelerator(cpu=needs_cpu_group(),
                               mixed_precision=cfg.mixed_precision, log_with=report_to,
                               gradient_accumulation_steps=cfg.gradient_accumulation_steps,
                               project_config=ProjectConfiguration(project_dir=str(out), logging_dir=str(out / "logs")))
@@ -203,6 +205,10 @@ def main(argv=None):
         raise SystemExit(f"pretrain: error: launched as {launched} processes but accelerate runs "
                          f"{accelerator.num_processes} ({accelerator.distributed_type.value}); "
                          "expected one process group (check the launcher and the accelerate config)")
+    if accelerator.gradient_accumulation_steps != cfg.gradient_accumulation_steps:  # e.g. a DeepSpeed config's own
+        raise SystemExit(f"pretrain: error: gradient_accumulation_steps is {cfg.gradient_accumulation_steps} but the "
+                         f"accelerate config sets {accelerator.gradient_accumulation_steps}; expected the same value "
+                         "in both (the recipe cuts each step into that many micro-batches)")
     set_seed(cfg.seed)
     tokenizer = load_pretraining_tokenizer(cfg.tokenizer)
     # dropout null: the preset's or the checkpoint's; 0 turns it off (cramming, MosaicBERT)
@@ -265,7 +271,7 @@ def main(argv=None):
                       f"{accelerator.device.type}): global batch {accelerator.num_processes} x "
                       f"{cfg.gradient_accumulation_steps} x {cfg.per_device_train_batch_size}")
     bar = tqdm(total=cfg.max_steps, initial=step, desc="pre-training", disable=not accelerator.is_local_main_process)
-    history, totals, tokens, started = [], {}, 0, time.time()
+    history, totals, tokens, started, grad_norm = [], {}, 0, time.time(), torch.tensor(float("nan"))
     phase, stream = None, None
     model.train()
     while step < cfg.max_steps:
@@ -281,20 +287,22 @@ def main(argv=None):
             raw = next(stream)
             first = (micro * accelerator.num_processes + accelerator.process_index) * len(raw["input_ids"])
             micro_batches.append(step_masks(collators[phase], raw, cfg.seed, step, first, cfg.causal_attention))
-        # MLM loss = summed cross-entropy / the masked tokens of the whole global batch, scaled by the
-        # number of micro-batches it is cut into, which accelerate (accumulation) and DDP (processes) average.
+        # MLM loss = summed cross-entropy / the masked tokens of the whole global batch. accelerate divides
+        # each micro-batch's loss by the accumulation steps and DDP averages over processes, so the model is
+        # given the global count divided by both (transformers' num_items_in_batch is the count itself,
+        # with the loss multiplied back by the processes in the Trainer).
         masked = torch.tensor(float(sum(int((b["labels"] != -100).sum()) for b in micro_batches)),
-                              device=accelerator.device)
+                              device=accelerator.device, dtype=torch.float64)
         parts = accelerator.num_processes * cfg.gradient_accumulation_steps
         per_part = accelerator.reduce(masked, reduction="sum") / parts if accelerator.num_processes > 1 else masked / parts
         for batch in micro_batches:
             batch = {k: v.to(accelerator.device) for k, v in batch.items()}
             with accelerator.accumulate(model):
                 out_ = model(**batch, masked_positions_only=True, return_dict=True,
-                             num_items_in_batch=per_part.clamp(min=1e-9))
+                             num_items_in_batch=per_part.clamp(min=1e-9).float())
                 accelerator.backward(out_.loss)
-                if accelerator.sync_gradients:
-                    accelerator.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+                if accelerator.sync_gradients:  # the norm before clipping, logged as the Trainer does
+                    grad_norm = accelerator.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
                 optimizer.step()
                 optimizer.zero_grad()
             add(totals, losses(out_, batch))
@@ -307,7 +315,8 @@ def main(argv=None):
             elapsed = time.time() - started
             totals = all_processes({**totals, "tokens": tokens}, accelerator)
             tokens = totals.pop("tokens")
-            logs = {**summarise(totals), "learning_rate": scheduler.get_last_lr()[0], "phase": phase + 1,
+            logs = {**summarise(totals), "grad_norm": float(grad_norm), "learning_rate": scheduler.get_last_lr()[0],
+                    "phase": phase + 1,
                     "tokens_per_second": float(tokens) / max(elapsed, 1e-9), "step": step}
             totals, tokens, started = {}, 0, time.time()
             if eval_data is not None and (step % cfg.eval_steps == 0 or step == cfg.max_steps):
@@ -323,10 +332,11 @@ def main(argv=None):
     bar.close()
 
     accelerator.wait_for_everyone()
+    weights = accelerator.get_state_dict(model)  # every rank takes part (FSDP gathers its shards); rank 0 gets them
     if accelerator.is_main_process:
         final, staging = out / "final", out / "final.incomplete"  # renamed when complete, as checkpoints
         shutil.rmtree(staging, ignore_errors=True)
-        accelerator.unwrap_model(model).save_pretrained(staging)
+        accelerator.unwrap_model(model).save_pretrained(staging, state_dict=weights)
         tokenizer.save_pretrained(staging)
         shutil.rmtree(final, ignore_errors=True)
         staging.rename(final)

@@ -102,5 +102,7 @@ if __name__ == "__main__":
     (run_recipe if what == "recipe" else run_cli)(argv)
     probe = Path(os.environ["PROBE_DIR"])
     probe.mkdir(parents=True, exist_ok=True)
+    from accelerate.state import PartialState  # the group accelerate formed, not what the launcher asked for
+
     (probe / f"rank{RANK}.json").write_text(json.dumps({"batches": batches, "written": sorted(set(written)),
-                                                        "world_size": int(os.environ.get("WORLD_SIZE", "1"))}))
+                                                        "world_size": PartialState().num_processes}))

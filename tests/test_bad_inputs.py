@@ -768,7 +768,7 @@ CASES = [
     Case("grid-folder-of-another-grid", "Grid storage",
          "`grid --output_dir OUT` while workers of another grid are running in OUT",
          lambda tmp, env: _folder_of_another_grid(tmp, env), r"workers of another grid are running in this folder",
-         r"study rte-grid-other: learning_rate 0\.001 x .*\); this grid is learning_rate 2e-05 x",
+         r"\(study rte-grid-other: learning_rate 0\.001 x .*\); this grid is study rte-grid-\w+: learning_rate 2e-05 x",
          r"expected one grid per --output_dir"),
     Case("files-bad-json-lines", "Data-file flags", "a JSON Lines train file whose third line is cut short",
          files_case(("train.jsonl", '{"text": "the man", "label": "pos"}\n{"text": "a man", "label": "neg"}\n'
@@ -781,6 +781,13 @@ assert len({c.id for c in CASES}) == len(CASES), "case ids must be unique"
 _HELD = []  # claims of "other grids' workers", held while a case runs (each case has its own folder)
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _release_claims():
+    yield
+    while _HELD:
+        _HELD.pop().__exit__(None, None, None)
+
+
 def _grid_args(tmp: Path, env: Env, storage: str | None = None) -> list[str]:
     args = ["grid", *finetune("rte", rte_data(tmp), tmp, env)[1:], "--learning_rates", "2e-5", "--batch_sizes", "8",
             "--epochs", "1"]
@@ -788,11 +795,11 @@ def _grid_args(tmp: Path, env: Env, storage: str | None = None) -> list[str]:
 
 
 def _study_of_another_grid(tmp: Path, env: Env) -> list[str]:
-    from bert_suite.grid import check_study_grid, open_study
+    from bert_suite.grid import check_study_grid, describe_grid, open_study
 
     storage = f"sqlite:///{tmp / 'shared.db'}"
     other = {"learning_rate": [1e-3], "per_device_train_batch_size": [8], "num_train_epochs": [1], "seed": [42]}
-    check_study_grid(open_study(storage, "shared"), other, storage)
+    check_study_grid(open_study(storage, "shared"), describe_grid(other), storage)
     return _grid_args(tmp, env, storage)
 
 

@@ -148,7 +148,7 @@ def test_a_worker_of_another_grid_is_refused_while_the_folder_is_in_use_and_noth
     assert first.poll() is None, "the first grid ended before the second started: the check proved nothing"
     assert refused.returncode == 2 and "Traceback" not in refused.stderr
     assert "workers of another grid are running in this folder" in refused.stderr
-    assert "learning_rate 0.0005,0.001 x" in refused.stderr and "this grid is learning_rate 0.0003 x" in refused.stderr
+    assert "learning_rate 0.0005,0.001 x" in refused.stderr and ": learning_rate 0.0003 x" in refused.stderr
     finish([first])
     rows = table(out)  # the first grid lost nothing: its 8 points, each once, all complete
     assert len(rows) == 8 and {r["state"] for r in rows} == {"complete"}

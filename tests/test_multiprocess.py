@@ -38,8 +38,9 @@ def launch(what: str, argv: list[str], probe: Path, processes: int = 2, fault: s
 
 
 def curve(out: Path, *keys: str) -> list[tuple]:
+    """(step, *keys) of each logged step that has the keys."""
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    return [tuple(row[k] for k in ("step", *keys)) for row in rows]
+    return [tuple(row[k] for k in ("step", *keys)) for row in rows if all(k in row for k in keys)]
 
 
 def under(folder: Path, written: list[str]) -> list[str]:
@@ -56,7 +57,7 @@ def under(folder: Path, written: list[str]) -> list[str]:
 def pretrain_runs(pretrain_setup, tmp_path_factory):
     """A 2-process run with batch 8 per process and a 1-process run with batch 16, dropout off."""
     tmp = tmp_path_factory.mktemp("mp-pretrain")
-    common = ["max_steps=6", "phase1_fraction=0.5", "save_steps=2", "eval_fraction=0", "logging_steps=1",
+    common = ["max_steps=6", "phase1_fraction=0.5", "save_steps=2", "eval_fraction=0.1", "eval_steps=3", "logging_steps=1",
               "hidden_dropout_prob=0", "attention_probs_dropout_prob=0", "per_device_train_batch_size_phase2=4"]
     two = recipe_args(pretrain_setup, tmp / "two", *common, "per_device_train_batch_size=8")
     log, ranks = launch("recipe", two, tmp / "probe-two")
@@ -92,11 +93,17 @@ def test_two_processes_split_each_global_batch_and_train_as_one_process(pretrain
         assert not set(a) & set(b)  # disjoint shares ...
         assert a + b == one[step]  # ... that make up the one-process batch, in its order
     # with dropout off the losses are one process's, up to float rounding (all-reduce order)
-    two, single = curve(tmp / "two", "mlm_loss", "nsp_loss"), curve(tmp / "one", "mlm_loss", "nsp_loss")
+    # the gradient norm (before clipping) too: a loss scaled by a constant would show there, not in Adam's steps
+    keys = ("mlm_loss", "nsp_loss", "grad_norm")
+    two, single, accumulated = (curve(tmp / run, *keys) for run in ("two", "one", "accumulated"))
     assert [s[0] for s in two] == [1, 2, 3, 4, 5, 6]
-    accumulated = curve(tmp / "accumulated", "mlm_loss", "nsp_loss")
     for a, b, c in zip(two, single, accumulated, strict=True):
         assert a == pytest.approx(b, rel=1e-5, abs=1e-6) and c == pytest.approx(b, rel=1e-5, abs=1e-6)
+    # held-out evaluation (steps 3 and 6) on two processes: the same numbers as on one
+    evals = [[row for row in curve(tmp / run, "eval_mlm_loss", "eval_nsp_accuracy")] for run in ("two", "one")]
+    assert [row[0] for row in evals[0]] == [3, 6]
+    for a, b in zip(*evals, strict=True):
+        assert a == pytest.approx(b, rel=1e-5)
     assert single[-1][1] < single[0][1] - 0.2  # and it learned: the check compares moving numbers
 
 
@@ -153,7 +160,8 @@ def finetune_runs(tmp_path_factory):
                 "--data_dir", str(data), "--output_dir", str(tmp / out), "--disable_tqdm", "true",
                 "--num_train_epochs", "3", "--learning_rate", "2e-3", "--per_device_train_batch_size", str(batch),
                 "--logging_strategy", "steps", "--logging_steps", "1", "--train_sampling_strategy", "random",
-                "--save_strategy", "steps", "--save_steps", "12", "--resume_from_checkpoint", "auto", *extra]
+                "--save_strategy", "steps", "--save_steps", "12", "--resume_from_checkpoint", "auto",
+                "--test_file", str(data / "test.tsv"), *extra]  # predicted after training: rank 1 must wait for rank 0
 
     log, ranks = launch("cli", argv("two", 8), tmp / "probe-two")
     from bert_suite import runner
@@ -202,7 +210,7 @@ def test_finetune_writes_from_rank_0_only(finetune_runs):
     out = finetune_runs["tmp"] / "two"
     rank0, rank1 = (under(out, r["written"]) for r in finetune_runs["ranks"])
     for wanted in ("all_results.json", "run_manifest.json", "task_card.yaml", "model.safetensors",
-                   "predictions/dev.tsv", "checkpoint-12/model.safetensors"):
+                   "predictions/dev.tsv", "predictions/test.tsv", "checkpoint-12/model.safetensors"):
         assert wanted in rank0, (wanted, rank0)
     # rank 1 saves only its random-number state in each checkpoint (what an exact resume reads)
     assert rank1 and all(Path(w).name == "rng_state_1.pth" for w in rank1), rank1
@@ -219,3 +227,21 @@ def test_a_killed_two_process_finetune_resumes_exactly(finetune_runs):
     a = json.loads((tmp / "two" / "all_results.json").read_text())
     b = json.loads((tmp / "killed" / "all_results.json").read_text())
     assert a["eval_loss"] == pytest.approx(b["eval_loss"], rel=1e-6)
+
+
+def test_global_batches_are_the_same_however_they_are_split_across_epochs():
+    """StepBatches: 1 process x 8, 1 process x 4 x 2 accumulation steps and 2 processes x 4 (x 2 steps) take
+    the same examples at every step, also across epoch boundaries (44 examples: 5 steps of 8 an epoch, the
+    last 4 left out, a new order each epoch; 11 micro-batches of 4 do not split into whole steps)."""
+    recipe = load_recipe()
+
+    def steps(batch, accumulation, world, count=20):
+        streams = [iter(recipe.StepBatches(44, batch, accumulation, 7, 0, rank, world)) for rank in range(world)]
+        return [sorted(i for _ in range(accumulation) for s in streams for i in next(s)) for _ in range(count)]
+
+    whole = steps(8, 1, 1)
+    assert steps(4, 2, 1) == whole and steps(4, 1, 2) == whole and steps(2, 2, 2) == whole
+    assert sorted(sum(whole[:5], [])) != sorted(sum(whole[5:10], []))  # each epoch leaves out other examples
+    assert len(set(sum(whole[:5], []))) == 40  # and none twice within an epoch
+    resumed = [sorted(next(iter(recipe.StepBatches(44, 8, 1, 7, k, 0, 1)))) for k in (5, 6, 13)]
+    assert resumed == [whole[5], whole[6], whole[13]]  # any step's batch without replaying the ones before

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -111,7 +110,7 @@ def _data_source(card, data_dir: str | None, splits: list[str] | None = None) ->
 def _save_run_card(card, args: argparse.Namespace, output_dir: str):
     """Save the run's card as OUTPUT/task_card.yaml; a card built from the files is named by it from now on."""
     from .cards import CARD_FILE, save_card
-    from .runner import is_main_process
+    from .distributed import is_main_process
 
     path = Path(output_dir) / CARD_FILE
     if is_main_process():  # the other processes of a launched group only read it
@@ -148,7 +147,8 @@ def _check_push(args: argparse.Namespace, card) -> None:
 
 
 def _finetune(args: argparse.Namespace, rest: list[str]) -> None:
-    from .runner import is_main_process, prepare, train_and_evaluate, training_arguments, write_manifest
+    from .distributed import is_main_process
+    from .runner import prepare, train_and_evaluate, training_arguments, write_manifest
 
     overrides = _training_overrides(rest)  # flags first: a typo must not wait on the network
     card = _load_card(args)
@@ -180,7 +180,9 @@ def _grid(args: argparse.Namespace, rest: list[str]) -> None:
     from .grid import run_grid, search_space
 
     overrides = _training_overrides(rest)  # flags first: a typo must not wait on the network
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+    from .distributed import launched_processes
+
+    if launched_processes() > 1:
         raise ValueError("grid runs whole trials, one per process: start one `bert-suite grid` per GPU or machine "
                          "with the same --storage instead of a launcher (README, \"Scaling out\")")
     card = _load_card(args)
@@ -208,12 +210,14 @@ def _grid(args: argparse.Namespace, rest: list[str]) -> None:
 def _predict_test_files(card, model_dir: str, args: argparse.Namespace) -> None:
     """--test_file on finetune/grid: predict it with the trained (grid: best) checkpoint, as the example
     scripts' --do_predict; the files go to the checkpoint folder's predictions/."""
+    from .distributed import is_main_process
     from .runner import predict
 
     for split in card.test_splits:
         if card.splits[split].data_file:
             path = predict(card, model_dir, split, None, model_dir, args.tokenizer, max_seq_length=args.max_seq_length)
-            print(f"wrote {path}")
+            if is_main_process():
+                print(f"wrote {path}")
 
 
 def _push(card, folder, args, metrics, training, grid_result=None) -> None:

@@ -91,6 +91,12 @@ def study_name(card: TaskCard, space: dict[str, list], max_samples: dict | None 
     """One study per (task, grid): Optuna cannot change a parameter's value set inside a study, so
     a changed grid (another learning rate, more seeds) or changed card options in the same folder
     or database is its own study; rerunning the same grid finds its study and skips what is done."""
+    digest = hashlib.sha256(json.dumps(grid_key(card, space, max_samples), default=str).encode()).hexdigest()
+    return f"{card.name}-grid-{digest[:10]}"
+
+
+def grid_key(card: TaskCard, space: dict[str, list], max_samples: dict | None = None) -> dict:
+    """What makes a grid's points comparable: the axes' values, and the data they train and score on."""
     key = {k: sorted(map(float, v)) for k, v in space.items()}
     if card.options:  # e.g. NER's context or SQuAD's doc_stride: other data, so another study
         key["options"] = card.options
@@ -99,21 +105,22 @@ def study_name(card: TaskCard, space: dict[str, list], max_samples: dict | None 
         key["data_files"] = files
     if max_samples and any(v is not None for v in max_samples.values()):
         key["max_samples"] = max_samples
-    digest = hashlib.sha256(json.dumps(key, default=str).encode()).hexdigest()
-    return f"{card.name}-grid-{digest[:10]}"
+    return key
 
 
-def describe_grid(space: dict[str, list]) -> str:
-    """A grid in one line, as the errors name it: `learning_rate 2e-05,3e-05 x per_device_train_batch_size 16 x ...`."""
-    return " x ".join(f"{axis} {','.join(format(float(v), 'g') for v in sorted(map(float, values)))}"
-                      for axis, values in space.items())
+def describe_grid(key: dict) -> str:
+    """A grid (`grid_key`, or just its axes) in one line, as the errors name it: `learning_rate 2e-05,3e-05 x
+    per_device_train_batch_size 16 x ...`, then what else sets its data (`; max_samples {...}`)."""
+    axes = " x ".join(f"{axis} {','.join(format(float(v), 'g') for v in sorted(map(float, key[axis])))}"
+                      for axis in AXES if axis in key)
+    return "; ".join([axes, *(f"{k} {json.dumps(key[k], sort_keys=True, default=str)}" for k in sorted(key)
+                              if k not in AXES)])
 
 
-def check_study_grid(study: optuna.Study, space: dict[str, list], storage: str) -> None:
-    """The first worker records the study's grid; a worker with another grid under the same study name
-    (--study_name) is refused, naming both, before it adds a point: Optuna cannot change a parameter's
-    values inside a study, and a report over two grids' points would compare what it should not."""
-    grid = describe_grid(space)
+def check_study_grid(study: optuna.Study, grid: str, storage: str) -> None:
+    """The first worker records the study's grid (`describe_grid`); a worker with another grid under the same
+    study name (--study_name) is refused, naming both, before it adds a point: Optuna cannot change a
+    parameter's values inside a study, and a report over two grids' points would compare what it should not."""
     with _storage_lock(study):
         stored = study.user_attrs.get("grid")
         if stored is None:
@@ -134,29 +141,34 @@ def folder_claim(out: Path, study_name: str, grid: str):
 
     folder = out / ".grid_workers"
     folder.mkdir(parents=True, exist_ok=True)
-    mine = folder / f"{study_name}.lock"
+    # named by a digest (a --study_name may hold any character); the study and its grid are written inside
+    mine = folder / f"{hashlib.sha256(study_name.encode()).hexdigest()[:16]}.lock"
     with open(folder / ".guard", "a") as guard:
         fcntl.flock(guard, fcntl.LOCK_EX)  # one worker at a time checks and claims
         try:
             for other in sorted(folder.glob("*.lock")):
                 if other == mine:
                     continue
-                with open(other, "a+") as handle:
+                with open(other, "a+") as held:
                     try:
-                        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
                     except BlockingIOError:
-                        handle.seek(0)
-                        raise RunError(f"{out}: workers of another grid are running in this folder (study "
-                                       f"{other.stem}: {handle.read().strip() or 'unknown grid'}); this grid is "
-                                       f"{grid}; expected one grid per --output_dir: wait for them to finish, or "
-                                       "give this grid another --output_dir") from None
+                        held.seek(0)
+                        raise RunError(f"{out}: workers of another grid are running in this folder ("
+                                       f"{held.read().strip() or 'an unknown grid'}); this grid is study "
+                                       f"{study_name}: {grid}; expected one grid per --output_dir: wait for them "
+                                       "to finish, or give this grid another --output_dir") from None
                 other.unlink(missing_ok=True)  # nobody holds it: that grid's workers are gone
             handle = open(mine, "a+")
-            fcntl.flock(handle, fcntl.LOCK_SH)
-            handle.seek(0)
-            if not handle.read():
-                handle.write(grid + "\n")
-                handle.flush()
+            try:
+                fcntl.flock(handle, fcntl.LOCK_SH)
+                handle.seek(0)
+                if not handle.read():
+                    handle.write(f"study {study_name}: {grid}\n")
+                    handle.flush()
+            except BaseException:
+                handle.close()
+                raise
         finally:
             fcntl.flock(guard, fcntl.LOCK_UN)
     try:
@@ -422,9 +434,10 @@ def run_grid(card: TaskCard, model: str, output_dir: str, data_dir: str | None =
     storage = storage or f"sqlite:///{(out / 'grid.db').resolve()}"
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     name = name or study_name(card, space, max_samples)
-    study = open_study(storage, name, _GridSampler(space, seed=0), heartbeat_interval, grace_period)
-    check_study_grid(study, space, storage)
-    with folder_claim(out, name, describe_grid(space)):
+    grid = describe_grid(grid_key(card, space, max_samples))
+    with folder_claim(out, name, grid):  # before the study: a refused worker leaves nothing in the database
+        study = open_study(storage, name, _GridSampler(space, seed=0), heartbeat_interval, grace_period)
+        check_study_grid(study, grid, storage)
         return _run_points(study, storage, card, model, out, data_dir, tokenizer, max_seq_length, space, keep_all,
                            overrides, max_samples, heartbeat_interval)
 

@@ -32,6 +32,7 @@ from . import __version__, adapters
 from .adapters import TaskAdapter
 from .cards import CARD_FILE, TaskCard, save_card
 from .configuration_bert_suite import BertSuiteConfig
+from .distributed import is_main_process, launched_processes, needs_cpu_group
 from .faults import failpoint
 from .io import atomic_write_text
 from .tokenization import check_max_seq_length, load_tokenizer
@@ -145,12 +146,6 @@ class SuiteTrainer(Trainer):
             return out
         return out._replace(predictions=_reorder(out.predictions, self._eval_inverse),
                             label_ids=_reorder(out.label_ids, self._eval_inverse))
-
-
-def is_main_process() -> bool:
-    """True in a single process, and in the global rank 0 of a launched group (torchrun, accelerate
-    launch): the one process that writes results, manifests and prediction files."""
-    return int(os.environ.get("RANK", "0")) == 0
 
 
 class _StepFailpoint(TrainerCallback):
@@ -346,6 +341,7 @@ def train_and_evaluate(prepared: Prepared, model_name: str, args: TrainingArgume
         save_card(card, Path(save_to or out) / CARD_FILE)  # predict finds the task beside the checkpoint
         atomic_write_text(Path(save_to or out) / TASK_SETTINGS_FILE, json.dumps(settings, indent=2, sort_keys=True))
         atomic_write_text(out / "all_results.json", json.dumps(metrics, indent=2, sort_keys=True))
+    trainer.accelerator.wait_for_everyone()  # no process reads the folder (--test_file) before rank 0 wrote it
     return {"metrics": metrics, "history": history, "train_runtime": metrics["train_runtime"]}
 
 
@@ -366,7 +362,8 @@ def predict(card: TaskCard, model: str, split: str, data_dir: str | None, output
                        max_samples={"predict": max_samples})
     card = prepared.card  # its labels in the checkpoint's order
     net = load_model(card, model, prepared.max_seq_length)
-    args = TrainingArguments(output_dir=output_dir, per_device_eval_batch_size=batch_size, report_to="none")
+    args = TrainingArguments(output_dir=output_dir, per_device_eval_batch_size=batch_size, report_to="none",
+                             use_cpu=needs_cpu_group())  # under a launcher without a GPU: the same gloo group
     trainer = SuiteTrainer(model=net, args=args, data_collator=adapter.collator(prepared.tokenizer))
     data = prepared.encoded[split]
     labels = [c for c in LABEL_COLUMNS if c in data.column_names]
@@ -451,8 +448,8 @@ def training_arguments(card: TaskCard, output_dir: str, overrides: dict | None =
     for key in ("learning_rate", "num_train_epochs", "per_device_train_batch_size"):
         if key in values and float(values[key]) <= 0:
             raise RunError(f"{key} must be positive, got {values[key]}")
-    launched = int(os.environ.get("WORLD_SIZE", "1"))
-    if launched > 1 and not torch.accelerator.is_available():
+    launched = launched_processes()
+    if needs_cpu_group():
         values.setdefault("use_cpu", True)  # else accelerate runs N unconnected copies; on the CPU it joins them with gloo
     os.makedirs(output_dir, exist_ok=True)
     args = TrainingArguments(output_dir=output_dir, **values)
