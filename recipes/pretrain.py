@@ -311,7 +311,9 @@ def main(argv=None):
         step += 1
         bar.update(1)
         failpoint("pretrain.step")
-        if step % cfg.logging_steps == 0 or step == cfg.max_steps:
+        # a log line at every logging step and at every evaluation (eval_steps need not be a multiple of logging_steps)
+        evaluate_now = eval_data is not None and (step % cfg.eval_steps == 0 or step == cfg.max_steps)
+        if step % cfg.logging_steps == 0 or step == cfg.max_steps or evaluate_now:
             elapsed = time.time() - started
             totals = all_processes({**totals, "tokens": tokens}, accelerator)
             tokens = totals.pop("tokens")
@@ -319,7 +321,7 @@ def main(argv=None):
                     "phase": phase + 1,
                     "tokens_per_second": float(tokens) / max(elapsed, 1e-9), "step": step}
             totals, tokens, started = {}, 0, time.time()
-            if eval_data is not None and (step % cfg.eval_steps == 0 or step == cfg.max_steps):
+            if evaluate_now:
                 logs.update(evaluate(model, eval_data, collators[0], cfg, accelerator))
             bar.set_postfix({k: f"{logs[k]:.3g}" for k in ("mlm_loss", "nsp_accuracy") if k in logs})
             history.append(logs)
