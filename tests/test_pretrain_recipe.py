@@ -221,3 +221,12 @@ def test_demo_verdict_does_not_call_noise_a_win():
     assert verdict(0.630, 0.624, 695).startswith("Pre-trained does not clearly beat")  # +0.6, SE 2.6
     assert verdict(0.658, 0.607, 5000).startswith("Pre-trained beats")  # +5.1, SE 1.0
     assert verdict(0.485, 0.501, 375).startswith("Pre-trained does not beat")
+
+
+def test_evaluation_follows_eval_steps_whatever_the_logging_steps(pretrain_setup, tmp_path):
+    recipe = load_recipe()
+    fresh_state()
+    history = recipe.main(recipe_args(pretrain_setup, tmp_path / "run", "max_steps=7", "phase1_fraction=1",
+                                      "logging_steps=4", "eval_steps=3", "save_steps=1000"))
+    assert [h["step"] for h in history] == [3, 4, 6, 7]  # a line per logging step and per evaluation
+    assert [h["step"] for h in history if "eval_mlm_perplexity" in h] == [3, 6, 7]
