@@ -63,34 +63,46 @@ def _watch_native_writers() -> None:
                 setattr(module, name, wrapped)
 
 
-def run_recipe(argv: list[str]) -> None:
-    spec = importlib.util.spec_from_file_location("pretrain_recipe", REPO / "recipes" / "pretrain.py")
-    recipe = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(recipe)
+def record_step_batches(recipe, into: list) -> None:
+    """The recipe's sampler appends each micro-batch's example indices to `into`."""
     real_iter = recipe.StepBatches.__iter__
 
     def recorded(self):
         for indices in real_iter(self):
-            batches.append(indices)
+            into.append(indices)
             yield indices
 
     recipe.StepBatches.__iter__ = recorded
-    recipe.main(argv)
 
 
-def run_cli(argv: list[str]) -> None:
+def record_training_batches(into: list):
+    """SuiteTrainer appends each training step's examples (token ids without padding) to `into`; returns
+    the original training_step, to put back."""
     from bert_suite import runner
-    from bert_suite.cli import main
 
     real_step = runner.SuiteTrainer.training_step
 
     def recorded(self, model, inputs, *args, **kwargs):
-        rows = inputs["input_ids"].tolist()
         lengths = inputs["attention_mask"].sum(1).tolist()
-        batches.append([row[:n] for row, n in zip(rows, lengths, strict=True)])
+        into.append([row[:n] for row, n in zip(inputs["input_ids"].tolist(), lengths, strict=True)])
         return real_step(self, model, inputs, *args, **kwargs)
 
     runner.SuiteTrainer.training_step = recorded
+    return real_step
+
+
+def run_recipe(argv: list[str]) -> None:
+    spec = importlib.util.spec_from_file_location("pretrain_recipe", REPO / "recipes" / "pretrain.py")
+    recipe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(recipe)
+    record_step_batches(recipe, batches)
+    recipe.main(argv)
+
+
+def run_cli(argv: list[str]) -> None:
+    from bert_suite.cli import main
+
+    record_training_batches(batches)
     if main(argv) != 0:
         raise SystemExit(1)
 

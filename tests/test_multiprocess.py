@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from helpers import REPO, WORDS, fresh_state, load_recipe, recipe_args, write_rte_like
+from multiprocess_probe import record_step_batches, record_training_batches
 
 PROBE = REPO / "tests" / "multiprocess_probe.py"
 ACCELERATE = Path(sys.executable).parent / "accelerate"
@@ -64,14 +65,7 @@ def pretrain_runs(pretrain_setup, tmp_path_factory):
 
     recipe = load_recipe()
     seen = []
-    real_iter = recipe.StepBatches.__iter__
-
-    def recorded(self):
-        for indices in real_iter(self):
-            seen.append(indices)
-            yield indices
-
-    recipe.StepBatches.__iter__ = recorded
+    record_step_batches(recipe, seen)
     fresh_state()
     args = recipe_args(pretrain_setup, tmp / "one", *common, "per_device_train_batch_size=16",
                        "per_device_train_batch_size_phase2=8")
@@ -167,14 +161,8 @@ def finetune_runs(tmp_path_factory):
     from bert_suite import runner
     from bert_suite.cli import main
 
-    seen, real_step = [], runner.SuiteTrainer.training_step
-
-    def recorded(self, model, inputs, *args, **kwargs):
-        lengths = inputs["attention_mask"].sum(1).tolist()
-        seen.append([row[:n] for row, n in zip(inputs["input_ids"].tolist(), lengths, strict=True)])
-        return real_step(self, model, inputs, *args, **kwargs)
-
-    runner.SuiteTrainer.training_step = recorded
+    seen = []
+    real_step = record_training_batches(seen)
     try:
         fresh_state()
         assert main(argv("one", 16)) == 0
