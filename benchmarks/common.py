@@ -216,3 +216,14 @@ def breakdown_table(profiles: dict[str, dict[str, float]]) -> str:
         lines.append(f"| {c} | " + " | ".join(cells) + " |")
     lines.append("| total (profiled) | " + " | ".join(f"{totals[n] * 1e3:,.0f} ms" for n in names) + " |")
     return "\n".join(lines)
+
+
+def create_database(server: str, name: str) -> str:
+    """CREATE DATABASE `name` on the PostgreSQL server of `server` (a storage URL without its database);
+    returns the new database's storage URL (same driver). Used by benchmarks/grid_workers.py and the tests."""
+    import psycopg
+
+    with psycopg.connect(server.replace("postgresql+psycopg://", "postgresql://") + "/postgres",
+                         autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name}")
+    return f"{server}/{name}"

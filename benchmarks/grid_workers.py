@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import DEFAULT_DATA, RESULTS_DIR, ROOT
+from common import DEFAULT_DATA, RESULTS_DIR, ROOT, create_database
 
 GRID = ["--learning_rates", "1e-3", "5e-4", "2e-4", "--batch_sizes", "16", "32", "--epochs", "1", "--seeds", "1"]
 POINTS = 6
@@ -32,14 +32,8 @@ POINTS = 6
 def storage_for(spec: str, workers: int, folder: Path) -> str:
     if spec == "sqlite":
         return f"sqlite:///{folder / 'shared.db'}"
-    import psycopg
-
     server, name = spec.rsplit("/", 1)
-    name = f"{name}_w{workers}_{int(time.time())}"
-    with psycopg.connect(server.replace("postgresql+psycopg://", "postgresql://") + "/postgres",
-                         autocommit=True) as conn:
-        conn.execute(f"CREATE DATABASE {name}")
-    return f"{server}/{name}"
+    return create_database(server, f"{name}_w{workers}_{int(time.time())}")
 
 
 def run(workers: int, spec: str, data: Path, vocab: Path, folder: Path) -> dict:

@@ -5,6 +5,7 @@ checks that); shared fixtures are in conftest.py."""
 import importlib.util
 import os
 import random
+import sys
 import uuid
 from pathlib import Path
 
@@ -254,11 +255,9 @@ class FakeApi:
 
 def fresh_database(postgres_url: str) -> str:
     """A new, empty database on the fixture's server; its storage URL (same driver as postgres_url)."""
-    import psycopg
+    if str(REPO / "benchmarks") not in sys.path:
+        sys.path.insert(0, str(REPO / "benchmarks"))
+    from common import create_database
 
     server, _ = postgres_url.rsplit("/", 1)
-    name = f"db_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(server.replace("postgresql+psycopg://", "postgresql://") + "/postgres",
-                         autocommit=True) as conn:
-        conn.execute(f"CREATE DATABASE {name}")
-    return f"{server}/{name}"
+    return create_database(server, f"db_{uuid.uuid4().hex[:12]}")
