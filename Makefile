@@ -107,7 +107,8 @@ demo: install  ## the embedded demo: corpus -> vocabulary -> pre-training -> gri
 
 # ---- Benchmarks (results: benchmarks/RESULTS.md). Each skips cleanly without ../shared/data. -----
 # The long ones are run on their own: bash benchmarks/glue_real_run.sh (about an hour on 2 cores),
-# bash benchmarks/pretrain_vs_random.sh (45 minutes of pre-training, then the grids).
+# python benchmarks/pretrain_payoff.py --output_dir runs/payoff --pretrain_minutes 55 --tapt (pre-training vs
+# random initialisation on SST-2, STS-B, MRPC, RTE, CoLA: an hour of pre-training, then the grids).
 # `make bench`: the quick mode (under 10 minutes on 2 cores); `make bench-full`: more steps,
 # repetitions, the whole RTE/MRPC train sets and the SQuAD processing benchmark. Results: runs/bench/*.json and the printed tables.
 .PHONY: bench bench-full
