@@ -493,7 +493,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     g.add_argument("--pretrain_dropout", type=float, help="hidden and attention dropout during pre-training "
                    "(default: the preset's; fine-tuning always uses the preset's)")
     g.add_argument("--eval_batches", type=int, default=20, help="held-out batches of 64 per evaluation")
-    g.add_argument("--mixed_precision", default="no", choices=["no", "fp16", "bf16"])
+    g.add_argument("--mixed_precision", default="auto", choices=["auto", "no", "fp16", "bf16"],
+                   help="the recipe's: auto = bf16 autocast where the CPU does bf16 natively, fp32 elsewhere")
     g.add_argument("--accelerate_config", help="accelerate config (default: recipes/configs/accelerate/cpu.yaml, "
                    "gpu.yaml when CUDA is available)")
     g.add_argument("--pretrain_override", nargs="*", default=[], metavar="KEY=VALUE",

@@ -39,6 +39,7 @@ from bert_suite import BertSuiteConfig, BertSuiteForPreTraining
 from bert_suite.distributed import launched_processes, needs_cpu_group
 from bert_suite.faults import failpoint
 from bert_suite.io import atomic_write_text
+from bert_suite.precision import recipe_precision
 from bert_suite.pretraining.checkpoints import (
     complete_checkpoints,
     load_checkpoint,
@@ -197,8 +198,14 @@ def main(argv=None):
     # torchrun or `accelerate launch --multi_gpu` on a machine without an accelerator: accelerate
     # would run N unconnected copies unless told to use the CPU (then it joins them with gloo).
     launched = launched_processes()
+    on_cpu = needs_cpu_group() or not torch.cuda.is_available() or \
+        os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes")
+    try:  # auto: bf16 autocast where the CPU does bf16 natively; explicit values and the launch config win
+        mixed_precision, precision = recipe_precision(cfg.mixed_precision, on_cpu)
+    except ValueError as err:
+        raise SystemExit(f"pretrain: error: {err}") from None
     accelerator = Accelerator(cpu=needs_cpu_group(),
-                              mixed_precision=cfg.mixed_precision, log_with=report_to,
+                              mixed_precision=mixed_precision, log_with=report_to,
                               gradient_accumulation_steps=cfg.gradient_accumulation_steps,
                               project_config=ProjectConfiguration(project_dir=str(out), logging_dir=str(out / "logs")))
     if accelerator.num_processes != launched:  # N copies each writing the same files
@@ -267,6 +274,7 @@ def main(argv=None):
     if report_to:
         accelerator.init_trackers("pretrain", config={k: v for k, v in vars(cfg).items() if k != "extra"})
 
+    accelerator.print(precision.describe())
     accelerator.print(f"world size {accelerator.num_processes} ({accelerator.distributed_type.value}, "
                       f"{accelerator.device.type}): global batch {accelerator.num_processes} x "
                       f"{cfg.gradient_accumulation_steps} x {cfg.per_device_train_batch_size}")
@@ -342,7 +350,7 @@ def main(argv=None):
         tokenizer.save_pretrained(staging)
         shutil.rmtree(final, ignore_errors=True)
         staging.rename(final)
-        results = {"step": step, "config": vars(cfg), **(history[-1] if history else {})}
+        results = {"step": step, "config": vars(cfg), **precision.record(), **(history[-1] if history else {})}
         atomic_write_text(out / "pretrain_results.json", json.dumps(results, indent=2, default=str))
         accelerator.print(f"saved {final}: " + ", ".join(f"{k} {v:.4g}" for k, v in (history or [{}])[-1].items()))
         if cfg.push_to_hub:

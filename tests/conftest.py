@@ -10,6 +10,10 @@ os.environ["HF_EVALUATE_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_VERBOSITY"] = "error"
 os.environ["TOKENIZERS_PARALLELISM"] = "false"
 os.environ.setdefault("HF_HOME", tempfile.mkdtemp(prefix="bert_suite_hf_home_"))
+# The same numbers on every machine: `auto` would train in bf16 on a CPU with native bf16 and in fp32 on
+# one without, so the suite pins fp32 (subprocesses inherit it); tests/test_precision.py tests auto itself
+# (both kinds of CPU) and runs bf16 explicitly. BERT_SUITE_PRECISION=bf16 make test runs everything in bf16.
+os.environ.setdefault("BERT_SUITE_PRECISION", "fp32")
 
 import random  # noqa: E402
 import socket  # noqa: E402

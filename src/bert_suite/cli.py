@@ -33,8 +33,13 @@ def _training_overrides(rest: list[str]) -> dict:
 
     from transformers import HfArgumentParser, TrainingArguments
 
-    given = {a[2:].split("=", 1)[0] for a in rest if a.startswith("--")}
     fields = {f.name for f in dataclasses.fields(TrainingArguments) if f.init}
+    # --no_X for a boolean X that defaults to false (--no_bf16): HfArgumentParser makes --no_X only for
+    # those that default to true, so it becomes --X false (an explicit fp32 where auto would pick bf16).
+    off = {f.name for f in dataclasses.fields(TrainingArguments) if f.init and f.default is False}
+    rest = [part for a in rest for part in
+            ((f"--{a[5:]}", "false") if a.startswith("--no_") and a[5:] in off else (a,))]
+    given = {a[2:].split("=", 1)[0] for a in rest if a.startswith("--")}
     names = {}
     for flag in given:
         name = flag.replace("-", "_")  # HfArgumentParser takes --learning-rate too
@@ -155,6 +160,7 @@ def _finetune(args: argparse.Namespace, rest: list[str]) -> None:
     _check_push(args, card)
     _needs_hub(args.model, _data_source(card, args.data_dir), args.tokenizer or args.model)
     output_dir = args.output_dir or f"runs/{card.name}"
+    precision = _precision(overrides, args)
     card = _save_run_card(card, args, output_dir)
     training = training_arguments(card, output_dir, overrides)
     samples = {"train": args.max_train_samples, "eval": args.max_eval_samples}
@@ -162,13 +168,24 @@ def _finetune(args: argparse.Namespace, rest: list[str]) -> None:
                        skip_bad_rows=args.skip_bad_rows, max_samples=samples)
     result = train_and_evaluate(prepared, args.model, training)
     write_manifest(Path(output_dir) / "run_manifest.json", prepared, args.model, args.data_dir, training,
-                   {"max_samples": samples})
-    _predict_test_files(card, output_dir, args)
+                   {"max_samples": samples, **precision.record()})
+    _predict_test_files(card, output_dir, args, precision)
     if not is_main_process():
         return
     if args.push_to_hub:
-        _push(card, output_dir, args, result["metrics"], training)
+        _push(card, output_dir, args, result["metrics"], training, precision=precision)
     print(json.dumps({k: v for k, v in result["metrics"].items() if k.startswith("eval_")}, indent=2))
+
+
+def _precision(overrides: dict, args: argparse.Namespace):
+    """The run's precision (--precision and TrainingArguments' --bf16/--fp16), set in `overrides`; one log line."""
+    from .distributed import is_main_process
+    from .runner import training_precision
+
+    precision = training_precision(overrides, args.precision)
+    if is_main_process():
+        print(precision.describe(), file=sys.stderr, flush=True)
+    return precision
 
 
 # TrainingArguments fields a grid axis owns -> the grid flag that sets them
@@ -192,6 +209,7 @@ def _grid(args: argparse.Namespace, rest: list[str]) -> None:
     _check_push(args, card)
     _needs_hub(args.model, _data_source(card, args.data_dir), args.tokenizer or args.model)
     output_dir = args.output_dir or f"runs/{card.name}-grid"
+    precision = _precision(overrides, args)
     card = _save_run_card(card, args, output_dir)
     space = search_space(card, args.grid, learning_rate=args.learning_rates,
                          per_device_train_batch_size=args.batch_sizes, num_train_epochs=args.epochs, seed=args.seeds)
@@ -199,15 +217,15 @@ def _grid(args: argparse.Namespace, rest: list[str]) -> None:
                       args.storage, args.keep_all, overrides,
                       max_samples={"train": args.max_train_samples, "eval": args.max_eval_samples},
                       heartbeat_interval=args.heartbeat_interval, grace_period=args.grace_period,
-                      name=args.study_name)
+                      name=args.study_name, precision=precision)
     print(Path(result["files"]["grid_results.md"]).read_text() if "grid_results.md" in result["files"] else result)
     if result["best"] is not None:
-        _predict_test_files(card, str(Path(output_dir) / "best"), args)
+        _predict_test_files(card, str(Path(output_dir) / "best"), args, precision)
     if args.push_to_hub and result["best"] is not None:
-        _push(card, str(Path(output_dir) / "best"), args, result["best"]["metrics"], None, result)
+        _push(card, str(Path(output_dir) / "best"), args, result["best"]["metrics"], None, result, precision)
 
 
-def _predict_test_files(card, model_dir: str, args: argparse.Namespace) -> None:
+def _predict_test_files(card, model_dir: str, args: argparse.Namespace, precision=None) -> None:
     """--test_file on finetune/grid: predict it with the trained (grid: best) checkpoint, as the example
     scripts' --do_predict; the files go to the checkpoint folder's predictions/."""
     from .distributed import is_main_process
@@ -215,17 +233,27 @@ def _predict_test_files(card, model_dir: str, args: argparse.Namespace) -> None:
 
     for split in card.test_splits:
         if card.splits[split].data_file:
-            path = predict(card, model_dir, split, None, model_dir, args.tokenizer, max_seq_length=args.max_seq_length)
+            path = predict(card, model_dir, split, None, model_dir, args.tokenizer, max_seq_length=args.max_seq_length,
+                           precision=precision)
             if is_main_process():
                 print(f"wrote {path}")
 
 
-def _push(card, folder, args, metrics, training, grid_result=None) -> None:
+def _push(card, folder, args, metrics, training, grid_result=None, precision=None) -> None:
     from .hub import model_card, push_to_hub
 
+    info = card_info(card, args, metrics, training, grid_result, precision)
+    atomic_write_text(Path(folder) / "README.md", model_card(info))
+    print(f"pushed to {push_to_hub(folder, args.hub_model_id)}")
+
+
+def card_info(card, args, metrics, training, grid_result=None, precision=None) -> dict:
+    """What the model card of a finetune run or a grid's best trial says (hub.model_card's `info`)."""
     best = (grid_result or {}).get("best") or {}
     hparams = {k: best.get(k, getattr(training, k, None)) for k in
                ("learning_rate", "per_device_train_batch_size", "num_train_epochs", "seed")}
+    if precision is not None:
+        hparams["precision"] = f"{precision.record()['precision']} ({precision.reason})"
     task_types = {"classification": "text-classification", "squad": "question-answering",
                   "multiple_choice": "multiple-choice", "ner": "token-classification"}
     info = {"model_id": args.hub_model_id, "base_model": args.model, "task": card.name,
@@ -235,8 +263,7 @@ def _push(card, folder, args, metrics, training, grid_result=None) -> None:
             "seeds": sorted({r["seed"] for r in (grid_result or {}).get("records", [])}) or [hparams["seed"]]}
     if grid_result and "grid_results.md" in grid_result["files"]:
         info["grid"] = Path(grid_result["files"]["grid_results.md"]).read_text()
-    atomic_write_text(Path(folder) / "README.md", model_card(info))
-    print(f"pushed to {push_to_hub(folder, args.hub_model_id)}")
+    return info
 
 
 def _predict(args: argparse.Namespace, rest: list[str]) -> None:
@@ -247,6 +274,7 @@ def _predict(args: argparse.Namespace, rest: list[str]) -> None:
     if not splits:
         raise ValueError(f"task {card.name} has no test split; predict new data with --test_file FILE")
     _needs_hub(args.model, _data_source(card, args.data_dir, splits))
+    precision = _precision({}, args)
     settings = {}
     if args.null_score_diff_threshold is not None:
         settings["null_score_diff_threshold"] = args.null_score_diff_threshold
@@ -256,7 +284,7 @@ def _predict(args: argparse.Namespace, rest: list[str]) -> None:
         path = predict(card, args.model, split, args.data_dir, args.output_dir or args.model, args.tokenizer,
                        settings=settings, max_seq_length=args.max_seq_length,
                        options={"context": args.context} if args.context else None,
-                       max_samples=args.max_predict_samples)
+                       max_samples=args.max_predict_samples, precision=precision)
         print(f"wrote {path}")
 
 
@@ -335,7 +363,7 @@ def _task_corpus(args: argparse.Namespace) -> None:
 def _demo(args: argparse.Namespace, rest: list[str]) -> None:
     from .demo import run_demo
 
-    print(run_demo(args.output_dir, args.max_steps))
+    print(run_demo(args.output_dir, args.max_steps, precision=args.precision))
 
 
 def _extract_features(args: argparse.Namespace, rest: list[str]) -> None:

@@ -105,15 +105,21 @@ def verdict(pretrained: float, random_init: float, n: int) -> str:
             f"{se:.1f} (dev set of {n} sentences).")
 
 
-def run_demo(output_dir: str = "runs/demo", max_steps: int | None = None, vocab_size: int = 8000) -> str:
+def run_demo(output_dir: str = "runs/demo", max_steps: int | None = None, vocab_size: int = 8000,
+             precision: str | None = None) -> str:
+    """`precision` (auto, bf16, fp32; default auto): pre-training and fine-tuning both in bf16
+    autocast where the CPU does bf16 natively, fp32 elsewhere (bert_suite.precision)."""
     from .cards import load_card
     from .grid import run_grid, search_space
+    from .precision import resolve
     from .pretraining.corpus import build_embedded_corpus
     from .pretraining.instances import build_pretraining_dataset, format_stats
     from .pretraining.tokenizer import train_tokenizer
 
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
+    chosen = resolve(precision)
+    print(f"[demo] {chosen.describe()}", flush=True)
     started = time.time()
     timings = {}
 
@@ -143,7 +149,7 @@ def run_demo(output_dir: str = "runs/demo", max_steps: int | None = None, vocab_
                  f"max_steps={steps}", f"warmup_steps={max(1, steps // 10)}", "learning_rate=0.002",
                  "per_device_train_batch_size=64", "per_device_train_batch_size_phase2=32",
                  "max_predictions_per_seq=10", "max_predictions_per_seq_phase2=20", "eval_steps=200",
-                 "resume_from_checkpoint=null"]
+                 "resume_from_checkpoint=null", f"mixed_precision={'bf16' if chosen.bf16 else 'no'}"]
     _run([sys.executable, "-m", "accelerate.commands.launch", "--config_file",
           str(REPO / "recipes" / "configs" / "accelerate" / "cpu.yaml"), str(recipe),
           "--config", str(REPO / "recipes" / "configs" / "pretrain" / "tiny.yaml"), *overrides], out / "pretrain.log")
@@ -158,7 +164,7 @@ def run_demo(output_dir: str = "runs/demo", max_steps: int | None = None, vocab_
     for label, model, tokenizer in (("pre-trained", str(out / "pretrain" / "final"), None),
                                     ("random init", "preset:tiny", str(out / "tokenizer"))):
         grid = run_grid(card, model, str(out / f"grid-{label.split()[0]}"), str(out / "task"), tokenizer,
-                        space=space, overrides={"disable_tqdm": True})
+                        space=space, overrides={"disable_tqdm": True}, precision=chosen)
         results[label] = grid["best"]["metrics"]["eval_accuracy"]
     step("fine-tuning")
 
@@ -173,10 +179,12 @@ def run_demo(output_dir: str = "runs/demo", max_steps: int | None = None, vocab_
         f"Pre-training: {pretrain['step']} steps; held-out MLM perplexity "
         f"{pretrain.get('eval_mlm_perplexity', float('nan')):.1f}, NSP accuracy "
         f"{100 * pretrain.get('eval_nsp_accuracy', float('nan')):.1f}%. Curves: {plot}", "",
+        f"Precision (pre-training and fine-tuning): {chosen.label} ({chosen.reason}).", "",
         "Time: " + ", ".join(f"{k} {v:.0f} s" for k, v in timings.items()) + f"; total {time.time() - started:.0f} s.",
     ])
     atomic_write_text(out / "demo_results.md", table + "\n")
     atomic_write_text(out / "demo_results.json", json.dumps({"dev_accuracy": results, "pretraining": pretrain,
-                                                              "task": task, "corpus": corpus, "timings": timings},
+                                                              "task": task, "corpus": corpus, "timings": timings,
+                                                              **chosen.record()},
                                                              indent=2, default=str))
     return table

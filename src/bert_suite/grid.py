@@ -27,6 +27,7 @@ import warnings
 from pathlib import Path
 
 import optuna
+import torch
 from optuna.samplers import GridSampler
 from optuna.trial import TrialState
 from tqdm.auto import tqdm
@@ -34,6 +35,7 @@ from tqdm.auto import tqdm
 from .cards import TaskCard
 from .faults import failpoint
 from .io import atomic_write_text
+from .precision import Precision
 from .report import select_best, write_grid_report
 from .runner import (
     TASK_SETTINGS_FILE,
@@ -42,6 +44,7 @@ from .runner import (
     selection_key,
     train_and_evaluate,
     training_arguments,
+    training_precision,
     write_manifest,
 )
 
@@ -414,7 +417,7 @@ def run_grid(card: TaskCard, model: str, output_dir: str, data_dir: str | None =
              max_seq_length: int | None = None, space: dict[str, list] | None = None, storage: str | None = None,
              keep_all: bool = False, overrides: dict | None = None, max_samples: dict | None = None,
              heartbeat_interval: int = HEARTBEAT_INTERVAL, grace_period: int = GRACE_PERIOD,
-             name: str | None = None) -> dict:
+             name: str | None = None, precision: Precision | None = None) -> dict:
     """Run every grid point not yet finished; keep the best checkpoint in output_dir/best; write
     the report. Returns {"best": record or None, "records": [...], "files": {...}}.
 
@@ -424,12 +427,21 @@ def run_grid(card: TaskCard, model: str, output_dir: str, data_dir: str | None =
     same final report. A worker that dies is noticed by its heartbeat (every `heartbeat_interval` s):
     after `grace_period` s without one its trial is marked failed and its point enqueued again for
     any worker; on its own host a dead worker's trial is taken up at once, under its own number.
-    `name` is the study's (default: the task and a digest of the grid)."""
+    `name` is the study's (default: the task and a digest of the grid). `precision` (default: resolved
+    from `overrides`, i.e. auto: bf16 autocast where the CPU has it) applies to every trial and is
+    recorded in run_manifest.json."""
     if grace_period <= heartbeat_interval:
         raise RunError(f"--grace_period ({grace_period} s) must be longer than --heartbeat_interval "
                        f"({heartbeat_interval} s), or live workers would be taken for dead")
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
+    overrides = dict(overrides or {})
+    if precision is None:
+        precision = training_precision(overrides)
+    elif "bf16" not in overrides and (precision.bf16 or not torch.cuda.is_available()):
+        overrides["bf16"] = precision.bf16
+        if precision.bf16 and not torch.cuda.is_available():
+            overrides["use_cpu"] = True  # TrainingArguments refuses bf16 on a machine without a GPU unless told
     space = space or search_space(card)
     storage = storage or f"sqlite:///{(out / 'grid.db').resolve()}"
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -439,11 +451,11 @@ def run_grid(card: TaskCard, model: str, output_dir: str, data_dir: str | None =
         study = open_study(storage, name, _GridSampler(space, seed=0), heartbeat_interval, grace_period)
         check_study_grid(study, grid, storage)
         return _run_points(study, storage, card, model, out, data_dir, tokenizer, max_seq_length, space, keep_all,
-                           overrides, max_samples, heartbeat_interval)
+                           overrides, max_samples, heartbeat_interval, precision)
 
 
 def _run_points(study, storage, card, model, out, data_dir, tokenizer, max_seq_length, space, keep_all, overrides,
-                max_samples, heartbeat_interval) -> dict:
+                max_samples, heartbeat_interval, precision) -> dict:
     points = set(itertools.product(*space.values()))
     enqueue_points(study, space)
     metric = selection_key(card)
@@ -515,7 +527,7 @@ def _run_points(study, storage, card, model, out, data_dir, tokenizer, max_seq_l
         write_manifest(out / "run_manifest.json", prepared, model, data_dir, args,
                        {"grid": space, "study_storage": storage.split("///")[0] + "///...", "study_name": study.study_name,
                         "selection": metric,
-                        "max_samples": max_samples})
+                        "max_samples": max_samples, **precision.record()})
     if bar is not None:
         bar.close()
     _drop_leftovers(study)

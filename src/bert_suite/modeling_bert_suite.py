@@ -323,6 +323,18 @@ class BertSuitePreTrainingHeads(BertSuiteMLMHead):
             self.seq_relationship = nn.Linear(config.hidden_size, 2)
 
 
+def scores_in_fp32(layer: nn.Linear, hidden_states):
+    """`layer(hidden_states)` computed in fp32 under autocast (bf16 or fp16), as is otherwise.
+    The output layers of the task heads are tiny (hidden x a few labels) but their scores decide
+    labels, answer spans, word tags and SQuAD v2's null threshold, which bf16's 8-bit mantissa
+    would round (two logits 0.3% apart can swap); the vocabulary decoder stays in autocast."""
+    device = hidden_states.device.type
+    if not torch.is_autocast_enabled(device):
+        return layer(hidden_states)
+    with torch.autocast(device, enabled=False):
+        return layer(hidden_states.float())
+
+
 def masked_lm_logits_and_loss(head, sequence_output, labels, masked_positions_only=False, num_items_in_batch=None):
     """MLM logits at every position (the stock contract) and the mean cross-entropy over the
     positions whose label is not -100. With `masked_positions_only` (and labels), the logits are
@@ -623,7 +635,7 @@ class BertSuiteForPreTraining(_BertSuiteWithLMHead):
                            output_attentions, output_hidden_states)
         logits, loss = masked_lm_logits_and_loss(self.cls.predictions, enc.last_hidden_state, labels,
                                                  masked_positions_only, num_items_in_batch)
-        nsp_logits = self.cls.seq_relationship(enc.pooler_output) if self.config.use_nsp else None
+        nsp_logits = scores_in_fp32(self.cls.seq_relationship, enc.pooler_output) if self.config.use_nsp else None
         if loss is not None and nsp_logits is not None:
             if next_sentence_label is None:
                 raise ValueError("labels were given without next_sentence_label; NSP needs both (or use_nsp=False)")
@@ -691,7 +703,7 @@ class BertSuiteForNextSentencePrediction(BertSuitePreTrainedModel):
     ):
         enc = self._encode(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
                            output_attentions, output_hidden_states)
-        logits = self.cls.seq_relationship(enc.pooler_output)
+        logits = scores_in_fp32(self.cls.seq_relationship, enc.pooler_output)
         loss = F.cross_entropy(logits.view(-1, 2), labels.view(-1)) if labels is not None else None
         out = NextSentencePredictorOutput(loss=loss, logits=logits, hidden_states=enc.hidden_states,
                                           attentions=enc.attentions)
@@ -731,7 +743,7 @@ class BertSuiteForSequenceClassification(_BertSuiteWithClassifier):
     ):
         enc = self._encode(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
                            output_attentions, output_hidden_states)
-        logits = self.classifier(self.dropout(enc.pooler_output))
+        logits = scores_in_fp32(self.classifier, self.dropout(enc.pooler_output))
         loss = None
         if labels is not None:
             problem = self.config.problem_type
@@ -780,7 +792,7 @@ class BertSuiteForMultipleChoice(_BertSuiteWithClassifier):
 
         enc = self._encode(flat(input_ids), flat(attention_mask), flat(token_type_ids), flat(position_ids),
                            flat(inputs_embeds), output_attentions, output_hidden_states)
-        logits = self.classifier(self.dropout(enc.pooler_output)).view(-1, num_choices)
+        logits = scores_in_fp32(self.classifier, self.dropout(enc.pooler_output)).view(-1, num_choices)
         loss = F.cross_entropy(logits, labels.view(-1)) if labels is not None else None
         out = MultipleChoiceModelOutput(loss=loss, logits=logits, hidden_states=enc.hidden_states,
                                         attentions=enc.attentions)
@@ -807,7 +819,7 @@ class BertSuiteForTokenClassification(_BertSuiteWithClassifier):
     ):
         enc = self._encode(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
                            output_attentions, output_hidden_states)
-        logits = self.classifier(self.dropout(enc.last_hidden_state))
+        logits = scores_in_fp32(self.classifier, self.dropout(enc.last_hidden_state))
         loss = None
         if labels is not None:
             loss = F.cross_entropy(logits.view(-1, self.config.num_labels), labels.view(-1), ignore_index=-100)
@@ -843,7 +855,7 @@ class BertSuiteForQuestionAnswering(BertSuitePreTrainedModel):
         # tokens: keep the padded computation so that training is the stock one.
         enc = self._encode(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
                            output_attentions, output_hidden_states, unpad=False)
-        start_logits, end_logits = self.qa_outputs(enc.last_hidden_state).unbind(-1)
+        start_logits, end_logits = scores_in_fp32(self.qa_outputs, enc.last_hidden_state).unbind(-1)
         start_logits, end_logits = start_logits.contiguous(), end_logits.contiguous()
         loss = None
         if start_positions is not None and end_positions is not None:

@@ -35,6 +35,7 @@ from .configuration_bert_suite import BertSuiteConfig
 from .distributed import is_main_process, launched_processes, needs_cpu_group
 from .faults import failpoint
 from .io import atomic_write_text
+from .precision import Precision, PrecisionError, native_bf16_flag, resolve, warn_emulated
 from .tokenization import check_max_seq_length, load_tokenizer
 
 TASK_SETTINGS_FILE = "bert_suite_task.json"  # settings chosen on dev, kept with the checkpoint
@@ -348,7 +349,7 @@ def train_and_evaluate(prepared: Prepared, model_name: str, args: TrainingArgume
 def predict(card: TaskCard, model: str, split: str, data_dir: str | None, output_dir: str,
             tokenizer: str | None = None, batch_size: int = 64, settings: dict | None = None,
             max_seq_length: int | None = None, options: dict | None = None,
-            max_samples: int | None = None) -> Path:
+            max_samples: int | None = None, precision: Precision | None = None) -> Path:
     """Predict one split with a fine-tuned checkpoint, applying the settings it carries (card
     options, max_seq_length, the SQuAD v2 null threshold chosen on dev); `settings`, `options`
     and `max_seq_length` override them. Writes the task's prediction files under
@@ -362,8 +363,17 @@ def predict(card: TaskCard, model: str, split: str, data_dir: str | None, output
                        max_samples={"predict": max_samples})
     card = prepared.card  # its labels in the checkpoint's order
     net = load_model(card, model, prepared.max_seq_length)
+    values = {"use_cpu": needs_cpu_group()} if needs_cpu_group() else {}
+    # bf16 autocast where the CPU has it (or as the run was trained); the heads' scores are fp32
+    # either way (modeling_bert_suite.scores_in_fp32), so spans, tags and thresholds are decided on fp32
+    if precision is None:
+        precision = training_precision(values)
+    elif precision.bf16 or not torch.cuda.is_available():
+        values["bf16"] = precision.bf16
+        if precision.bf16 and not torch.cuda.is_available():
+            values["use_cpu"] = True  # TrainingArguments refuses bf16 on a machine without a GPU unless told
     args = TrainingArguments(output_dir=output_dir, per_device_eval_batch_size=batch_size, report_to="none",
-                             use_cpu=needs_cpu_group())  # under a launcher without a GPU: the same gloo group
+                             **values)  # under a launcher without a GPU: the same gloo group
     trainer = SuiteTrainer(model=net, args=args, data_collator=adapter.collator(prepared.tokenizer))
     data = prepared.encoded[split]
     labels = [c for c in LABEL_COLUMNS if c in data.column_names]
@@ -433,6 +443,38 @@ def write_manifest(path: Path, prepared: Prepared, model: str, data_dir: str | N
     if is_main_process():
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_text(path, json.dumps(manifest, indent=2, sort_keys=True, default=str))
+
+
+def training_precision(overrides: dict, requested: str | None = "auto") -> Precision:
+    """The run's precision from `--precision` (auto, bf16, fp32) and TrainingArguments' own flags in
+    `overrides` (`--bf16`, `--no_bf16`, `--fp16`, which keep their meaning and win over auto); sets
+    `overrides["bf16"]` to it on the CPU. On a GPU, auto leaves `--bf16` as given (default fp32)."""
+    cpu = bool(overrides.get("use_cpu")) or not torch.cuda.is_available()
+    device = "cpu" if cpu else "cuda"
+    requested = (requested or "auto").lower()
+    if overrides.get("fp16") and cpu:
+        raise PrecisionError("--fp16: fp16 autocast on a CPU is not supported (CPUs have no fast fp16 matmul, and "
+                             "fp16 needs loss scaling); expected --precision bf16 (or --bf16) or fp32")
+    given = [k for k in ("bf16", "fp16") if k in overrides]
+    if not given:
+        chosen = resolve(requested, device)
+        if cpu:
+            overrides["bf16"] = chosen.bf16
+    if cpu and overrides.get("bf16"):
+        overrides["use_cpu"] = True  # TrainingArguments refuses bf16 on a machine without a GPU unless told
+    if not given:
+        return chosen
+    flags = {k: bool(overrides[k]) for k in given}
+    name = "bf16" if flags.get("bf16") else "fp16" if flags.get("fp16") else "fp32"
+    if requested != "auto" and requested != name:
+        said = " ".join(f"--{k} {v}" for k, v in flags.items())
+        raise PrecisionError(f"--precision {requested} and {said} disagree; expected one of them (--precision is "
+                             "bert_suite's switch, --bf16/--fp16 are TrainingArguments')")
+    reason = "--" + ("bf16" if name == "bf16" else "fp16" if name == "fp16" else "no_bf16")
+    if name == "bf16" and cpu and native_bf16_flag() is None:
+        warn_emulated(reason)
+        reason += "; emulated: CPU has no native bf16"
+    return Precision(name, reason)
 
 
 def training_arguments(card: TaskCard, output_dir: str, overrides: dict | None = None) -> TrainingArguments:

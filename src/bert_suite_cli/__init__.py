@@ -67,6 +67,14 @@ def _command_list() -> str:
 
 
 FAMILY_NAMES = ("classification", "squad", "multiple_choice", "ner")  # = bert_suite.cards.FAMILIES (tested)
+PRECISIONS = ("auto", "bf16", "fp32")  # = bert_suite.precision.CHOICES (tested)
+
+
+def _add_precision_flag(p: argparse.ArgumentParser, what: str = "train and evaluate") -> None:
+    p.add_argument("--precision", choices=PRECISIONS, default=None,
+                   help=f"{what} in bf16 autocast (fp32 master weights) or fp32; auto (default): bf16 where the CPU "
+                   "does bf16 natively (avx512_bf16, AMX), fp32 elsewhere; on a GPU, TrainingArguments' --bf16 decides. "
+                   "Env BERT_SUITE_PRECISION sets the default")
 
 
 def _add_run_flags(p: argparse.ArgumentParser) -> None:
@@ -91,6 +99,7 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--skip_bad_rows", action="store_true", help="skip malformed rows (counted and reported)")
     p.add_argument("--push_to_hub", action="store_true", help="push the final/best checkpoint with a model card")
     p.add_argument("--hub_model_id", help="Hub repository for --push_to_hub")
+    _add_precision_flag(p)
     _add_context_flag(p)
 
 
@@ -159,6 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
     pred.add_argument("--null_score_diff_threshold", type=float,
                       help="SQuAD v2: predict no answer when null score - best span score exceeds this "
                       "(default: the threshold chosen on dev and saved with the checkpoint, else 0)")
+    _add_precision_flag(pred, "predict")
     pred.set_defaults(func="_predict")
 
     score = sub.add_parser("score", help="score predictions like the official scripts (squad: evaluate-v1.1/v2.0)")
@@ -256,6 +266,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="the embedded demo: corpus -> vocabulary -> pre-training -> fine-tuning")
     demo.add_argument("--output_dir", default="runs/demo")
     demo.add_argument("--max_steps", type=int, help="pre-training steps (default: 700)")
+    _add_precision_flag(demo, "pre-train and fine-tune")
     demo.set_defaults(func="_demo")
 
     tasks = sub.add_parser("tasks", help="list the shipped task cards: family, metric, data source")

@@ -54,7 +54,9 @@ class PretrainConfig:
     per_device_train_batch_size_phase2: int | None = None  # default: same as phase 1
     gradient_accumulation_steps: int = 1
     max_grad_norm: float = 1.0
-    mixed_precision: str = "no"  # no, fp16, bf16 (accelerate's names)
+    # auto: bf16 autocast where the CPU does bf16 natively (fp32 elsewhere), the accelerate config's choice on
+    # a GPU; no, bf16, fp16 (accelerate's names) choose explicitly (bert_suite.precision)
+    mixed_precision: str = "auto"
     torch_compile: bool = False  # compile the encoder (torch.compile; the heads stay eager)
     torch_compile_backend: str = "inductor"  # any torch.compile backend (aot_eager: trace only, no codegen)
     # --- bookkeeping
@@ -179,8 +181,8 @@ def validate(cfg: PretrainConfig, source: str) -> PretrainConfig:
         bad("mask_ratio", "and random_ratio must be >= 0 with a sum <= 1")
     if not 0 <= cfg.eval_fraction < 1:
         bad("eval_fraction", "must be in [0, 1)")
-    if cfg.mixed_precision not in ("no", "fp16", "bf16"):
-        bad("mixed_precision", "must be no, fp16 or bf16")
+    if cfg.mixed_precision not in ("auto", "no", "fp16", "bf16"):
+        bad("mixed_precision", "must be auto, no, bf16 or fp16")
     if cfg.learning_rate <= 0:
         bad("learning_rate", "must be positive")
     for key in ("hidden_dropout_prob", "attention_probs_dropout_prob"):

@@ -1,0 +1,168 @@
+"""Which arithmetic a run uses: bf16 autocast where the hardware does bf16 natively, fp32 elsewhere.
+
+On a CPU with native bf16 instructions (x86 `avx512_bf16` or AMX, Arm `bf16`) a bf16 matmul runs
+several times faster than an fp32 one, so `auto` (the default of every command) trains and
+evaluates under `torch.autocast("cpu", torch.bfloat16)`. A CPU without them emulates bf16, several
+times *slower* than fp32 (benchmarks/RESULTS.md, "bf16 on the CPU"), so `auto` keeps fp32 there.
+Either way the weights stay fp32 (autocast computes in bf16 and keeps fp32 master weights), and
+checkpoints are saved in fp32.
+
+On a GPU `auto` leaves the choice where it was: the accelerate launch config (`mixed_precision`)
+for the recipe, TrainingArguments' `--bf16` for fine-tuning.
+
+The choice, in order: an explicit request (`--precision bf16|fp32`, the recipe's
+`mixed_precision=bf16|no`, TrainingArguments' `--bf16` / `--no_bf16`), then the environment variable
+`BERT_SUITE_PRECISION` (the same values, for every command of a session or a test run), then the
+hardware. `describe()` gives the one log line every command prints.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+CHOICES = ("auto", "bf16", "fp32")
+ENV = "BERT_SUITE_PRECISION"
+# CPU flags (Linux /proc/cpuinfo) that mean bf16 arithmetic in hardware: AVX-512 BF16 dot products,
+# AMX tiles (Sapphire Rapids and later), and Armv8.6 BF16 (Graviton 3, Neoverse V1/N2).
+NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16", "bf16")
+
+
+class PrecisionError(ValueError):
+    """A precision that cannot be used on this device (fp16 autocast on a CPU, an unknown name)."""
+
+
+@dataclass(frozen=True)
+class Precision:
+    """The resolved choice: `bf16` (autocast, fp32 master weights) or `fp32`, and why."""
+
+    name: str  # "bf16" or "fp32"
+    reason: str  # "CPU has avx512_bf16", "--precision fp32", ...
+
+    @property
+    def bf16(self) -> bool:
+        return self.name == "bf16"
+
+    @property
+    def label(self) -> str:
+        return "fp32" if self.name == "fp32" else f"{self.name} autocast"
+
+    def describe(self) -> str:
+        """The log line: `precision: bf16 autocast (CPU has avx512_bf16)` / `precision: fp32 (...)`."""
+        return f"precision: {self.label} ({self.reason})"
+
+    def record(self) -> dict:
+        """What run manifests, results files and model cards keep."""
+        return {"precision": self.label, "precision_reason": self.reason}
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags as Linux reports them (x86 `flags`, Arm `Features`); empty elsewhere."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        if sep and key.strip() in ("flags", "Features"):
+            return set(value.split())
+    return set()
+
+
+def native_bf16_flag() -> str | None:
+    """The flag that shows this CPU does bf16 in hardware, or None (emulated: slower than fp32)."""
+    if platform.system() == "Darwin" and platform.machine() == "arm64":
+        return _darwin_bf16()
+    flags = cpu_flags()
+    return next((f for f in NATIVE_BF16_FLAGS if f in flags), None)
+
+
+def _darwin_bf16() -> str | None:
+    import subprocess
+
+    try:  # Apple M2 and later
+        out = subprocess.run(["sysctl", "-n", "hw.optional.arm.FEAT_BF16"], capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return "FEAT_BF16" if out.stdout.strip() == "1" else None
+
+
+def check_choice(value: str | None, flag: str = "--precision") -> str:
+    """`value` lower-cased if it is one of CHOICES; else a PrecisionError naming them."""
+    value = (value or "auto").lower()
+    if value not in CHOICES:
+        raise PrecisionError(f"{flag} {value!r}: expected one of {', '.join(CHOICES)}")
+    return value
+
+
+def resolve(requested: str | None = "auto", device: str = "cpu", source: str = "--precision") -> Precision:
+    """The precision a run on `device` ("cpu", "cuda", ...) uses for `requested` (auto, bf16, fp32).
+    `source` names where an explicit request came from, for the log line. On a GPU `auto` is fp32
+    here: callers on a GPU keep the launcher's or TrainingArguments' own choice (see the module doc)."""
+    requested = check_choice(requested, source)
+    if requested == "auto" and os.environ.get(ENV):
+        requested, source = check_choice(os.environ[ENV], ENV), f"{ENV}={os.environ[ENV]}"
+    flag = native_bf16_flag() if device == "cpu" else None
+    if requested != "auto":
+        reason = source if "=" in source else f"{source} {requested}"
+        if requested == "bf16" and device == "cpu" and flag is None:
+            warn_emulated(reason)
+            reason += "; emulated: CPU has no native bf16"
+        return Precision(requested, reason)
+    if device != "cpu":
+        return Precision("fp32", f"{device}: auto leaves the choice to the launcher or --bf16")
+    if flag is None:
+        return Precision("fp32", "CPU has no native bf16")
+    return Precision("bf16", f"CPU has {flag}")
+
+
+ACCELERATE_NAMES = {"no": "fp32", "bf16": "bf16", "fp16": "fp16"}  # accelerate's mixed_precision -> ours
+
+
+def recipe_precision(value: str, cpu: bool) -> tuple[str, Precision]:
+    """The pre-training recipe's `mixed_precision` (auto, no, bf16, fp16) -> (accelerate's value, the
+    precision). Explicit values win; with auto, BERT_SUITE_PRECISION, then the accelerate launch config's
+    choice when it asks for mixed precision, then (CPU) the hardware or (GPU) the launch config's `no`."""
+    launcher = os.environ.get("ACCELERATE_MIXED_PRECISION", "no").lower()
+    if value == "auto" and os.environ.get(ENV):
+        value, source = {"bf16": "bf16", "fp32": "no", "auto": "auto"}[check_choice(os.environ[ENV], ENV)], \
+            f"{ENV}={os.environ[ENV]}"
+    else:
+        source = f"mixed_precision={value}"
+    if value == "auto" and launcher in ("bf16", "fp16"):
+        value, source = launcher, f"accelerate config mixed_precision={launcher}"
+    if value == "auto":
+        if not cpu:
+            return "no", Precision("fp32", "GPU: the accelerate config's mixed_precision (no)")
+        chosen = resolve("auto", "cpu")
+        return ("bf16" if chosen.bf16 else "no"), chosen
+    if value not in ACCELERATE_NAMES:
+        raise PrecisionError(f"mixed_precision {value!r}: expected auto, no, bf16 or fp16")
+    if value == "fp16" and cpu:
+        raise PrecisionError(f"{source} on a CPU: fp16 autocast on a CPU is not supported (no fast fp16 matmul, "
+                             "and fp16 needs loss scaling); expected mixed_precision=bf16, no or auto")
+    reason = source
+    if value == "bf16" and cpu and native_bf16_flag() is None:
+        warn_emulated(source)
+        reason += "; emulated: CPU has no native bf16"
+    return value, Precision(ACCELERATE_NAMES[value], reason)
+
+
+def warn_emulated(what: str) -> None:
+    """bf16 asked for on a CPU that emulates it: allowed (it is correct), but said to be slow."""
+    warnings.warn(f"{what}: this CPU has no native bf16 (no avx512_bf16, AMX or Arm bf16 flag), so bf16 is "
+                  "emulated, several times slower than fp32; --precision auto picks fp32 here", stacklevel=3)
+
+
+def autocast(precision: Precision, device: str = "cpu"):
+    """The context manager a forward pass runs under: bf16 autocast, or nothing."""
+    import contextlib
+
+    import torch
+
+    if precision.bf16:
+        return torch.autocast(device, dtype=torch.bfloat16)
+    return contextlib.nullcontext()

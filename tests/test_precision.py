@@ -1,0 +1,269 @@
+"""bf16 autocast on the CPU: the choice (auto by hardware, explicit flags winning, the bad inputs),
+correctness under autocast (parity with stock, every head; fp32 task scores), and bf16 runs that learn
+and resume as fp32 ones do. The tests run bf16 explicitly, so they check the same on a CPU with native
+bf16 and on one that emulates it (slower, same numbers); conftest pins the rest of the suite to fp32."""
+
+import json
+
+import pytest
+import torch
+
+from bert_suite import precision
+from bert_suite.cli import main as cli_main
+from bert_suite.precision import Precision, PrecisionError, recipe_precision, resolve
+from bert_suite.runner import training_precision
+from helpers import (
+    HEADS,
+    REPO,
+    fresh_state,
+    inputs_for,
+    labels_for,
+    load_recipe,
+    recipe_args,
+    run_args,
+    save_stock,
+    write_rte_like,
+)
+
+
+@pytest.fixture
+def cpu(monkeypatch):
+    """A CPU with or without native bf16, and no BERT_SUITE_PRECISION: `cpu(True)` / `cpu(False)`."""
+    monkeypatch.delenv(precision.ENV, raising=False)
+    monkeypatch.delenv("ACCELERATE_MIXED_PRECISION", raising=False)
+
+    def make(native: bool):
+        monkeypatch.setattr(precision, "native_bf16_flag", lambda: "avx512_bf16" if native else None)
+    return make
+
+
+# ----------------------------------------------------------------------------------------- the choice
+
+
+def test_auto_is_bf16_where_the_cpu_has_it_and_fp32_where_it_emulates(cpu):
+    cpu(True)
+    assert resolve("auto").describe() == "precision: bf16 autocast (CPU has avx512_bf16)"
+    cpu(False)
+    assert resolve("auto").describe() == "precision: fp32 (CPU has no native bf16)"
+    assert resolve(None) == resolve("auto")
+
+
+def test_an_explicit_choice_wins_and_bf16_on_an_emulating_cpu_warns_that_it_is_slow(cpu, monkeypatch):
+    cpu(True)
+    assert resolve("fp32") == Precision("fp32", "--precision fp32")
+    cpu(False)
+    with pytest.warns(UserWarning, match="no native bf16.*emulated, several times slower than fp32"):
+        chosen = resolve("bf16")
+    assert chosen.bf16 and chosen.reason.startswith("--precision bf16")
+    monkeypatch.setenv(precision.ENV, "fp32")  # the environment sets the default for every command
+    cpu(True)
+    monkeypatch.setenv(precision.ENV, "fp32")
+    assert resolve("auto").describe() == "precision: fp32 (BERT_SUITE_PRECISION=fp32)"
+    assert resolve("bf16").bf16  # ... and an explicit flag still wins over it
+    monkeypatch.setenv(precision.ENV, "fp8")
+    with pytest.raises(PrecisionError, match=r"BERT_SUITE_PRECISION 'fp8': expected one of auto, bf16, fp32"):
+        resolve("auto")
+
+
+def test_a_gpu_keeps_its_own_choice():
+    assert resolve("auto", "cuda").name == "fp32"  # TrainingArguments' --bf16 / the launch config decide there
+
+
+def test_training_flags_keep_their_meaning_and_win_over_auto(cpu):
+    cpu(True)
+    overrides = {}
+    assert training_precision(overrides).bf16 and overrides == {"bf16": True, "use_cpu": True}
+    overrides = {"bf16": False}  # --no_bf16
+    assert training_precision(overrides) == Precision("fp32", "--no_bf16") and overrides == {"bf16": False}
+    cpu(False)
+    overrides = {}
+    assert not training_precision(overrides).bf16 and overrides == {"bf16": False}
+    with pytest.warns(UserWarning, match="emulated"):
+        assert training_precision({"bf16": True}).bf16
+    with pytest.raises(PrecisionError, match=r"--precision fp32 and --bf16 True disagree"):
+        training_precision({"bf16": True}, "fp32")
+    with pytest.raises(PrecisionError, match=r"--fp16: fp16 autocast on a CPU is not supported.*--precision bf16"):
+        training_precision({"fp16": True})
+
+
+def test_the_recipe_reads_mixed_precision_auto_and_refuses_fp16_on_a_cpu(cpu, monkeypatch):
+    cpu(True)
+    assert recipe_precision("auto", cpu=True) == ("bf16", Precision("bf16", "CPU has avx512_bf16"))
+    assert recipe_precision("no", cpu=True) == ("no", Precision("fp32", "mixed_precision=no"))
+    cpu(False)
+    assert recipe_precision("auto", cpu=True)[0] == "no"
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "bf16")  # `accelerate launch --mixed_precision bf16`
+    with pytest.warns(UserWarning, match="emulated"):
+        assert recipe_precision("auto", cpu=True)[0] == "bf16"
+    assert recipe_precision("auto", cpu=False) == ("bf16", Precision("bf16", "accelerate config mixed_precision=bf16"))
+    monkeypatch.delenv("ACCELERATE_MIXED_PRECISION")
+    assert recipe_precision("auto", cpu=False)[0] == "no"  # a GPU: the launch config's choice, as before
+    with pytest.raises(PrecisionError, match=r"mixed_precision=fp16 on a CPU: fp16 autocast on a CPU is not supported"):
+        recipe_precision("fp16", cpu=True)
+    assert recipe_precision("fp16", cpu=False)[1].label == "fp16 autocast"
+
+
+def test_the_parser_offers_the_choices_and_refuses_others(capsys):
+    from bert_suite_cli import PRECISIONS
+
+    assert PRECISIONS == precision.CHOICES
+    assert cli_main(["finetune", "rte", "--model", "preset:tiny", "--precision", "fp16"]) == 2
+    assert "argument --precision: invalid choice: 'fp16' (choose from 'auto', 'bf16', 'fp32')" in capsys.readouterr().err
+
+
+def test_fp16_on_a_cpu_and_contradicting_flags_are_one_line_errors(tmp_path, capsys):
+    data = write_rte_like(tmp_path / "data", n_train=16, n_dev=8)
+    assert cli_main(["finetune", "rte", *run_args(data, tmp_path / "a"), "--fp16"]) == 2
+    assert "fp16 autocast on a CPU is not supported" in capsys.readouterr().err
+    assert cli_main(["finetune", "rte", *run_args(data, tmp_path / "b"), "--precision", "bf16", "--no_bf16"]) == 2
+    assert "--precision bf16 and --bf16 False disagree" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------- correctness under autocast
+
+# What is compared under autocast: the encoder and the vocabulary decoder run the same operations in the
+# same dtypes as stock, so they agree to float rounding; the task heads' scores are fp32 in ours
+# (modeling_bert_suite.scores_in_fp32) and bf16 in stock, so they differ by stock's rounding of its output.
+SAME_OPS = {"last_hidden_state", "pooler_output", "prediction_logits"}
+
+
+@pytest.mark.parametrize("name", list(HEADS))
+def test_every_head_matches_stock_under_the_same_bf16_autocast(name, tmp_path, report):
+    """Encoder outputs and MLM logits: <= 1e-5 from stock (measured <= 5e-7). Task scores: within bf16's
+    rounding of stock's output (2^-8 of the largest score; measured up to 9e-4 at 0.3), fp32 tensors, and per
+    token (spans, tags) at least 4x closer to the fp32 model than stock's (measured 45-75x); losses within
+    1e-4 (measured <= 5e-5)."""
+    ours_cls, _, _, fields = HEADS[name]
+    stock = save_stock(name, tmp_path)
+    ours = ours_cls.from_pretrained(tmp_path, unpad_inputs=False).eval()
+    inputs = inputs_for(name)
+    inputs.update(labels_for(name, inputs))
+    with torch.no_grad():
+        exact = stock(**inputs)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            theirs, mine = stock(**inputs), ours(**inputs)
+    worst = 0.0
+    for field in fields:
+        a, b, ref = (getattr(o, field).float() for o in (theirs, mine, exact))
+        diff = (a - b).abs().max().item()
+        if field in SAME_OPS or name in ("ForMaskedLM",) and field == "logits":
+            assert diff <= 1e-5, field
+        elif field == "loss":
+            assert diff <= 1e-4
+        else:
+            assert getattr(mine, field).dtype == torch.float32, field
+            assert diff <= 2**-8 * ref.abs().max().item() + 1e-4, field
+            if name in ("ForQuestionAnswering", "ForTokenClassification"):  # scores per token: stock's rounding
+                assert (b - ref).abs().max() <= (a - ref).abs().max() / 4, field  # dominates (measured 45-75x)
+        worst = max(worst, diff)
+    report(f"bf16 autocast parity max|ours-stock| {name}", f"{worst:.2e}")
+
+
+@pytest.mark.parametrize("name", ["ForQuestionAnswering", "ForTokenClassification"])
+def test_span_and_tag_scores_are_not_rounded_to_bf16(name, tmp_path):
+    """The scores that decide SQuAD spans, the v2 threshold and NER tags come out of autocast as fp32
+    values, not bf16 ones widened (a bf16-rounded tensor equals its own round trip through bf16)."""
+    save_stock(name, tmp_path)
+    ours = HEADS[name][0].from_pretrained(tmp_path).eval()
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        out = ours(**inputs_for(name))
+    scores = out.start_logits if name == "ForQuestionAnswering" else out.logits
+    assert scores.dtype == torch.float32
+    assert not torch.equal(scores, scores.bfloat16().float())
+
+
+# ---------------------------------------------------------------------------------------- runs in bf16
+
+
+def test_recipe_in_bf16_follows_the_fp32_loss_and_resumes_exactly(pretrain_setup, tmp_path, monkeypatch, report):
+    """200 steps of the recipe in bf16 and in fp32 (same data, masks, seed): the bf16 loss curve stays within
+    the noise of fp32 training. The bound: over steps 151-200 their mean MLM losses differ by less than two
+    fp32 runs of different seeds do (what another data order and masks move it by; floor 0.02 nats; measured
+    0.011 against 0.019), and every step is finite. A killed bf16 run then resumes to the uninterrupted run's losses."""
+    recipe = load_recipe()
+
+    def run(out, *extra):
+        fresh_state()
+        return recipe.main(recipe_args(pretrain_setup, tmp_path / out, "max_steps=200", "phase1_fraction=1",
+                                       "train_data_phase2=null", "save_steps=1000", "eval_fraction=0", *extra))
+    bf16, fp32 = run("bf16", "mixed_precision=bf16"), run("fp32", "mixed_precision=no")
+    seed7 = run("fp32-seed7", "mixed_precision=no", "seed=7")
+    results = json.loads((tmp_path / "bf16" / "pretrain_results.json").read_text())
+    assert results["precision"] == "bf16 autocast" and results["precision_reason"].startswith("mixed_precision=bf16")
+
+    def tail(history):
+        return sum(h["mlm_loss"] for h in history[150:]) / 50
+    assert all(torch.isfinite(torch.tensor(h["mlm_loss"])) for h in bf16)
+    assert bf16[-1]["mlm_loss"] < bf16[0]["mlm_loss"] - 0.5  # it learns (ln 13 = 2.56 at the start)
+    noise = abs(tail(fp32) - tail(seed7))
+    report("recipe MLM loss, steps 151-200: bf16 / fp32 / fp32 seed 7", f"{tail(bf16):.4f} / {tail(fp32):.4f} / "
+           f"{tail(seed7):.4f}")
+    assert abs(tail(bf16) - tail(fp32)) < max(noise, 0.02), (tail(bf16), tail(fp32), tail(seed7))
+
+    # exact resume in bf16 (12 steps, checkpoints every 4, killed in step 10)
+    args = recipe_args(pretrain_setup, tmp_path / "whole", "max_steps=12", "phase1_fraction=0.75", "save_steps=4",
+                       "eval_fraction=0", "mixed_precision=bf16")
+    fresh_state()
+    whole = recipe.main(args)
+    killed = [a.replace(str(tmp_path / "whole"), str(tmp_path / "killed")) for a in args]
+    real = recipe.step_masks
+
+    def dies_at_step_10(collator, batch, seed, step, first, causal=False):
+        if step == 9:
+            raise KeyboardInterrupt
+        return real(collator, batch, seed, step, first, causal)
+    monkeypatch.setattr(recipe, "step_masks", dies_at_step_10)
+    fresh_state()
+    with pytest.raises(KeyboardInterrupt):
+        recipe.main(killed)
+    monkeypatch.setattr(recipe, "step_masks", real)
+    fresh_state()
+    resumed = recipe.main(killed)
+    assert [h["step"] for h in resumed] == [9, 10, 11, 12]
+    for a, b in zip(whole[-4:], resumed, strict=True):
+        assert a["mlm_loss"] == pytest.approx(b["mlm_loss"], rel=1e-6, abs=1e-7)
+        assert a["nsp_loss"] == pytest.approx(b["nsp_loss"], rel=1e-6, abs=1e-7)
+
+
+def test_fine_tuning_in_bf16_learns_as_fp32_does_and_the_grid_records_it(tmp_path, capsys):
+    """The same run in bf16 and in fp32 reaches the same dev accuracy within 5 points (both far above
+    chance); the grid says its precision in the log, run_manifest.json and the model card."""
+    from bert_suite.cards import load_card
+    from bert_suite.cli import card_info
+
+    data = write_rte_like(tmp_path / "data", n_train=300, n_dev=100)
+    flags = ["--learning_rate", "1e-3", "--num_train_epochs", "3", "--per_device_train_batch_size", "16"]
+    scores = {}
+    for name in ("fp32", "bf16"):
+        assert cli_main(["finetune", "rte", *run_args(data, tmp_path / name), *flags, "--precision", name]) == 0
+        assert f"precision: {'fp32' if name == 'fp32' else 'bf16 autocast'} (--precision {name}" in \
+            capsys.readouterr().err
+        scores[name] = json.loads((tmp_path / name / "all_results.json").read_text())["eval_accuracy"]
+        manifest = json.loads((tmp_path / name / "run_manifest.json").read_text())
+        assert manifest["training_arguments"]["bf16"] is (name == "bf16")
+    assert min(scores.values()) > 0.8 and abs(scores["bf16"] - scores["fp32"]) <= 0.05, scores
+
+    out = tmp_path / "grid"
+    assert cli_main(["grid", "rte", *run_args(data, out, "--max_steps", "4"), "--learning_rates", "1e-3",
+                     "--batch_sizes", "16", "--epochs", "1", "--precision", "bf16"]) == 0
+    assert "precision: bf16 autocast (--precision bf16" in capsys.readouterr().err
+    manifest = json.loads((out / "run_manifest.json").read_text())
+    assert manifest["precision"] == "bf16 autocast" and manifest["precision_reason"].startswith("--precision bf16")
+    assert manifest["training_arguments"]["bf16"] is True
+
+    class Args:
+        hub_model_id, model = "user/rte", "preset:tiny"
+    card = card_info(load_card("rte"), Args, {"eval_accuracy": 0.9}, None,
+                     {"best": {"learning_rate": 1e-3, "per_device_train_batch_size": 16, "num_train_epochs": 1,
+                               "seed": 42}, "records": [{"seed": 42}], "files": {}}, Precision("bf16", "CPU has amx_bf16"))
+    from bert_suite.hub import model_card
+
+    assert "| precision | bf16 autocast (CPU has amx_bf16) |" in model_card(card)
+
+
+def test_the_demo_and_the_recipe_default_to_auto():
+    from bert_suite.pretraining.config import PretrainConfig, load_pretrain_config
+
+    assert PretrainConfig.mixed_precision == "auto"
+    for path in (REPO / "recipes/configs/pretrain").glob("*.yaml"):
+        assert load_pretrain_config(str(path), ["train_data=x", "tokenizer=y"]).mixed_precision in ("auto", "no"), path
