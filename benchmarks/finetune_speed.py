@@ -1,4 +1,4 @@
-# Command: .venv/bin/python benchmarks/finetune_speed.py [--data ../shared/data] [--tasks rte mrpc] [--quick] [--profile]
+# Command: .venv/bin/python benchmarks/finetune_speed.py [--data ../shared/data] [--tasks rte mrpc] [--quick] [--profile] [--precisions fp32 bf16]
 """Fine-tuning and prediction speed of our fine-tuning path vs the stock transformers GLUE recipe.
 
 OURS = `bert-suite finetune`'s path: the runner's features (truncated to 128, unpadded), its
@@ -12,8 +12,10 @@ warm-up each, then the two alternate; every timed epoch starts from the same ini
 fresh optimizer and the same seed. Measured on real GLUE RTE/MRPC: one epoch of trainer.train()
 and trainer.predict(dev) in examples/s (median) and ours/stock; real vs padded tokens; the dev
 logits of both from the same weights (must agree); peak RSS per side in a child process; with
---profile, where one training step and one prediction batch spend their time. Skips (exit 0)
-without the data. Result: runs/bench/<--out>.json.
+--profile, where one training step and one prediction batch spend their time. Each side runs in
+every precision of --precisions (default fp32 and bf16 autocast, TrainingArguments' bf16), all four
+runs alternating, so "ours bf16 / ours fp32" and "ours / stock" in each precision come from one run.
+Skips (exit 0) without the data. Result: runs/bench/<--out>.json.
 """
 
 from __future__ import annotations
@@ -43,6 +45,19 @@ from bert_suite.configuration_bert_suite import BertSuiteConfig  # noqa: E402
 from bert_suite.modeling_bert_suite import BertSuiteForSequenceClassification  # noqa: E402
 
 SIDES = ("ours", "stock")
+
+
+def run_names(precisions) -> list[str]:
+    """The measured runs: "ours", "stock" (fp32), "ours bf16", "stock bf16"."""
+    return [side if p == "fp32" else f"{side} {p}" for p in precisions for side in SIDES]
+
+
+def side_of(run: str) -> str:
+    return run.split()[0]
+
+
+def precision_of(run: str) -> str:
+    return run.split()[1] if " " in run else "fp32"
 SEED = 42
 MAX_LEN = 128
 OVERRIDES = dict(num_train_epochs=1, per_device_train_batch_size=32, per_device_eval_batch_size=64, learning_rate=2e-5,
@@ -50,7 +65,7 @@ OVERRIDES = dict(num_train_epochs=1, per_device_train_batch_size=32, per_device_
                  seed=SEED, dataloader_num_workers=0)
 SHOWN_ARGS = ("learning_rate", "warmup_steps", "weight_decay", "lr_scheduler_type", "optim", "train_sampling_strategy",
               "per_device_train_batch_size", "per_device_eval_batch_size", "num_train_epochs", "seed", "max_grad_norm",
-              "remove_unused_columns", "dataloader_drop_last")
+              "remove_unused_columns", "dataloader_drop_last", "bf16")
 
 
 def parse(argv) -> argparse.Namespace:
@@ -62,8 +77,11 @@ def parse(argv) -> argparse.Namespace:
     p.add_argument("--preset", default="mini")
     p.add_argument("--limit", type=int, help="first N train and first N dev examples only")
     p.add_argument("--repeats", type=int, default=3)
-    for flag in ("--quick", "--no-memory", "--profile", "--bf16"):
+    for flag in ("--quick", "--no-memory", "--profile"):
         p.add_argument(flag, action="store_true")
+    p.add_argument("--precisions", nargs="+", choices=["fp32", "bf16"], default=["fp32", "bf16"],
+                   help="each side runs in each (bf16: TrainingArguments' bf16 autocast)")
+    p.add_argument("--bf16", action="store_true", help="bf16 only (= --precisions bf16)")
     p.add_argument("--out", default="finetune_speed", help="result name: runs/bench/NAME.json")
     p.add_argument("--memory-child", choices=SIDES, help=argparse.SUPPRESS)
     p.add_argument("--task", help=argparse.SUPPRESS)
@@ -71,6 +89,9 @@ def parse(argv) -> argparse.Namespace:
     args.vocab = args.vocab or args.data / "vocab" / "bert-base-uncased" / "vocab.txt"
     args.train_limit = args.limit or (256 if args.quick else None)
     args.repeats = 3 if args.quick else args.repeats
+    if args.bf16:
+        args.precisions = ["bf16"]
+    args.runs = run_names(args.precisions)
     return args
 
 
@@ -87,8 +108,11 @@ def first(dataset, n):
     return dataset.select(range(min(n, len(dataset)))) if n else dataset
 
 
-def build(task, args, tmp, sides=SIDES) -> SimpleNamespace:
-    """Features, both models from the same initial weights, and one Trainer per side in `sides`."""
+def build(task, args, tmp, runs=None) -> SimpleNamespace:
+    """Features, a model per run from the same initial weights (accelerate's bf16 wraps a model's forward
+    in place, so each precision has its own), and one Trainer per run in `runs`."""
+    runs = runs or args.runs
+    sides = sorted({side_of(r) for r in runs}, key=SIDES.index)
     card = load_card(task)
     prep = runner.prepare(card, f"preset:{args.preset}", str(args.data / "glue" / card.data_folder), str(args.vocab), MAX_LEN)
     tok, limits = prep.tokenizer, {"train": args.train_limit, "validation": args.limit}
@@ -103,51 +127,55 @@ def build(task, args, tmp, sides=SIDES) -> SimpleNamespace:
     make = {"ours": lambda: BertSuiteForSequenceClassification(config),
             "stock": lambda: transformers.BertForSequenceClassification(
                 transformers.BertConfig(**config.to_bert_dict(), attn_implementation="sdpa"))}
-    models = {s: make[s]() for s in sides}  # a memory child builds its own side only
+    first_ours = make["ours"]()
+    models = {r: first_ours if r == "ours" else make[side_of(r)]() for r in runs}  # a memory child: its run only
     keys = SimpleNamespace(missing_keys=[], unexpected_keys=[])
-    if len(models) == 2:
-        keys = models["stock"].load_state_dict(models["ours"].state_dict(), strict=False)
-        if keys.missing_keys:
-            raise RuntimeError(f"stock model: weights missing from ours' state_dict: {keys.missing_keys}")
+    for run, model in models.items():
+        if model is not first_ours:
+            keys = model.load_state_dict(first_ours.state_dict(), strict=False)
+            if keys.missing_keys:
+                raise RuntimeError(f"{run} model: weights missing from ours' state_dict: {keys.missing_keys}")
     collators = {"ours": runner.adapter_for(card).collator(tok), "stock": transformers.default_data_collator}
     kinds = {"ours": (runner.SuiteTrainer, {}), "stock": (transformers.Trainer, {"train_sampling_strategy": "random"})}
-    trainers = {s: kinds[s][0](model=models[s], data_collator=collators[s], processing_class=tok,
-                               args=runner.training_arguments(card, f"{tmp}/{task}-{s}",
-                                                              {**OVERRIDES, **kinds[s][1], "bf16": args.bf16}),
-                               train_dataset=feats[s]["train"])
-                for s in sides}
+    bf16 = {"bf16": {"bf16": True, "use_cpu": not torch.cuda.is_available()}, "fp32": {"bf16": False}}
+    trainers = {r: kinds[side_of(r)][0](
+        model=models[r], data_collator=collators[side_of(r)], processing_class=tok,
+        args=runner.training_arguments(card, f"{tmp}/{task}-{r.replace(' ', '-')}",
+                                       {**OVERRIDES, **kinds[side_of(r)][1], **bf16[precision_of(r)]}),
+        train_dataset=feats[side_of(r)]["train"]) for r in runs}
     for trainer in trainers.values():
         trainer.remove_callback(transformers.PrinterCallback)  # quiet: no end-of-training metrics print
-    return SimpleNamespace(models=models, feats=feats, collators=collators, trainers=trainers,
-                           initial={s: {k: v.clone() for k, v in models[s].state_dict().items()} for s in sides},
+    return SimpleNamespace(models=models, feats=feats, collators=collators, trainers=trainers, runs=runs,
+                           initial={r: {k: v.clone() for k, v in models[r].state_dict().items()} for r in runs},
                            state_dict={"missing": keys.missing_keys, "unexpected": keys.unexpected_keys})
 
 
-def train(setup, side) -> None:
+def train(setup, run) -> None:
     """One epoch from the initial weights with a fresh optimizer and the seed reset (same work every time)."""
-    setup.models[side].load_state_dict(setup.initial[side])
-    setup.trainers[side].optimizer = None  # Trainer keeps its optimizer (and Adam state) across train() calls
+    setup.models[run].load_state_dict(setup.initial[run])
+    setup.trainers[run].optimizer = None  # Trainer keeps its optimizer (and Adam state) across train() calls
     transformers.set_seed(SEED)  # train() does not reseed: the same example order each time
-    setup.trainers[side].train()
+    setup.trainers[run].train()
 
 
-def predict(setup, side) -> np.ndarray:
+def predict(setup, run) -> np.ndarray:
     """trainer.predict over the dev split; the logits."""
-    return setup.trainers[side].predict(setup.feats[side]["validation"]).predictions
+    return setup.trainers[run].predict(setup.feats[side_of(run)]["validation"]).predictions
 
 
 def warm_up(setup) -> float:
-    """Untimed: dev logits of both sides from the initial weights, then a short training run each.
-    Returns the largest absolute difference of the logits."""
+    """Untimed: dev logits of every run from the initial weights, then a short training run each.
+    Returns the largest absolute difference of ours' and stock's logits in each precision."""
     logits = {}
-    for side in SIDES:
-        setup.models[side].load_state_dict(setup.initial[side])
-        logits[side] = predict(setup, side)
-        trainer = setup.trainers[side]
+    for run in setup.runs:
+        setup.models[run].load_state_dict(setup.initial[run])
+        logits[run] = predict(setup, run)
+        trainer = setup.trainers[run]
         full, trainer.train_dataset = trainer.train_dataset, first(trainer.train_dataset, 64)
-        train(setup, side)
+        train(setup, run)
         trainer.train_dataset = full
-    return float(np.abs(logits["ours"] - logits["stock"]).max())
+    return {precision_of(r): float(np.abs(logits[r] - logits[r.replace("ours", "stock")]).max())
+            for r in setup.runs if side_of(r) == "ours"}
 
 
 def token_counts(setup, side) -> dict:
@@ -165,27 +193,32 @@ def token_counts(setup, side) -> dict:
     return counts
 
 
-def profile(setup, side) -> dict:
-    """Where one training step (32 examples, fused AdamW as Trainer's default) and one prediction batch (64) spend time."""
-    model = setup.models[side]
+def profile(setup, run) -> dict:
+    """Where one training step (32 examples, fused AdamW as Trainer's default) and one prediction batch (64) spend
+    time (the model's forward is the Trainer's, so bf16 runs under its autocast)."""
+    side = side_of(run)
+    model = setup.models[run]
     train_batch, dev_batch = (setup.collators[side](list(first(setup.feats[side][s], n).remove_columns("idx")))
                               for s, n in (("train", 32), ("validation", 64)))
     optimizer = torch.optim.AdamW(model.parameters(), lr=2e-5, fused=True)
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision_of(run) == "bf16")
 
     def step():
         model.train()
-        model(**train_batch).loss.backward()
+        with autocast:
+            loss = model(**train_batch).loss
+        loss.backward()
         optimizer.step()
         optimizer.zero_grad()
 
     def forward():
         model.eval()
-        with torch.no_grad():
+        with torch.no_grad(), autocast:
             model(**dev_batch)
 
     step()  # warm-up: optimizer state, first-call costs
     forward()
-    return {f"{side} train": common.profile_breakdown(step), f"{side} predict": common.profile_breakdown(forward)}
+    return {f"{run} train": common.profile_breakdown(step), f"{run} predict": common.profile_breakdown(forward)}
 
 
 def measure(task, args, tmp) -> dict:
@@ -195,55 +228,77 @@ def measure(task, args, tmp) -> dict:
              for s, t in setup.trainers.items()}
     result = {"training_arguments": shown,
               "state_dict": setup.state_dict, "logit_max_abs_diff": warm_up(setup)}
+    runs = setup.runs
     for name, fn, split in (("train", train, "train"), ("predict", predict, "validation")):
-        seconds = common.alternate({s: partial(fn, setup, s) for s in SIDES}, args.repeats)
-        n, medians = len(setup.feats["ours"][split]), {s: common.median(seconds[s]) for s in SIDES}
+        seconds = common.alternate({r: partial(fn, setup, r) for r in runs}, args.repeats)
+        n, medians = len(setup.feats["ours"][split]), {r: common.median(seconds[r]) for r in runs}
+        ratios = {p: medians[r.replace("ours", "stock")] / medians[r] for r in runs if side_of(r) == "ours"
+                  for p in [precision_of(r)]}  # ours / stock (speed), per precision
         result[name] = {"examples": n, "seconds": seconds, "median_s": medians,
-                        "examples_per_s": {s: n / medians[s] for s in SIDES}, "ratio": medians["stock"] / medians["ours"]}
-    result["tokens"] = {s: token_counts(setup, s) for s in SIDES}
+                        "examples_per_s": {r: n / medians[r] for r in runs}, "ratio": ratios.get("fp32"),
+                        "ratio_by_precision": ratios,
+                        "bf16_over_fp32": {s: medians[s] / medians[f"{s} bf16"] for s in SIDES
+                                           if s in medians and f"{s} bf16" in medians}}
+    result["tokens"] = {s: token_counts(setup, s) for s in SIDES if s in runs}
     if args.profile:
-        result["profile"] = {k: v for s in SIDES for k, v in profile(setup, s).items()}
+        result["profile"] = {k: v for r in runs for k, v in profile(setup, r).items()}
     if not args.no_memory:
         passed = ["--data", str(args.data), "--vocab", str(args.vocab), "--preset", args.preset, "--task", task]
         # The peak comes from the longest batches: a 128-example epoch (RTE and MRPC reach 128 tokens) will do.
         passed += ["--limit", str(min(args.limit or 128, 128))]
-        result["memory"] = {s: common.peak_memory_child([str(Path(__file__).resolve()), "--memory-child", s, *passed])
-                            for s in SIDES}
+        result["memory"] = {r: common.peak_memory_child([str(Path(__file__).resolve()), "--memory-child", side_of(r),
+                                                         "--precisions", precision_of(r), *passed]) for r in runs}
     return result
 
 
 def memory_child(args, tmp) -> dict:
     """One side only: build, one epoch, one prediction; print peak and pre-training RSS (MiB) last."""
-    setup = build(args.task, args, tmp, sides=(args.memory_child,))
+    (run,) = [r for r in args.runs if side_of(r) == args.memory_child]
+    setup = build(args.task, args, tmp, runs=[run])
     baseline = common.max_rss_mib()
-    train(setup, args.memory_child)
-    predict(setup, args.memory_child)
+    train(setup, run)
+    predict(setup, run)
     out = {"peak_rss_mib": common.max_rss_mib(), "baseline_rss_mib": baseline}
     print(json.dumps(out))
     return out
 
 
 def report(payload) -> None:
-    """Markdown table, then per task: token shares, logit check, memory, training arguments, profiles."""
-    rows = [{"task": task, "what": "fine-tuning epoch" if name == "train" else "predict dev", "n": r[name]["examples"],
-             "ratio": r[name]["ratio"], **r[name]["examples_per_s"],
-             **{f"{s} rss": m["peak_rss_mib"] for s, m in r.get("memory", {}).items()}}
-            for task, r in payload["tasks"].items() for name in ("train", "predict")]
-    print(common.table(rows, [("task", "task"), ("what", "measurement"), ("n", "examples"), ("ours", "ours ex/s"),
-                              ("stock", "stock ex/s"), ("ratio", "ratio ours/stock"), ("ours rss", "peak RSS MiB ours"),
-                              ("stock rss", "peak RSS MiB stock")]))
-    print("(peak RSS: one child process per side, running one epoch and one prediction)")
+    """Markdown table (examples/s per run, ours/stock per precision, bf16/fp32 per side), then per task:
+    token shares, logit checks, memory, training arguments, profiles."""
+    runs = payload["settings"]["runs"]
+    rows = []
     for task, r in payload["tasks"].items():
-        counts = [(f"{name} {s}", r["tokens"][s][name]) for name in ("train", "predict") for s in SIDES]
+        for name in ("train", "predict"):
+            row = {"task": task, "what": "fine-tuning epoch" if name == "train" else "predict dev",
+                   "n": r[name]["examples"], **r[name]["examples_per_s"],
+                   **{f"ratio {p}": v for p, v in r[name]["ratio_by_precision"].items()},
+                   **{f"{s} bf16/fp32": v for s, v in r[name]["bf16_over_fp32"].items()},
+                   **{f"{run} rss": m["peak_rss_mib"] for run, m in r.get("memory", {}).items()}}
+            rows.append(row)
+    precisions = payload["settings"]["precisions"]
+    columns = [("task", "task"), ("what", "measurement"), ("n", "examples"),
+               *[(run, f"{run} ex/s") for run in runs], *[(f"ratio {p}", f"ours/stock {p}") for p in precisions]]
+    if len(precisions) == 2:
+        columns += [(f"{s} bf16/fp32", f"{s} bf16/fp32") for s in SIDES]
+    columns += [(f"{run} rss", f"peak MiB {run}") for run in runs]
+    print(common.table(rows, columns))
+    print("(peak RSS: one child process per run, running one epoch and one prediction)")
+    for task, r in payload["tasks"].items():
+        counts = [(f"{name} {s}", r["tokens"][s][name]) for name in ("train", "predict") for s in r["tokens"]]
         print(f"{task}: real/padded tokens: " + ", ".join(f"{k} {c['real_tokens']:,}/{c['padded_tokens']:,} "
                                                           f"({100 * c['real_share']:.0f}%)" for k, c in counts)
               + " (ours' dense layers run on the real tokens only)")
-        print(f"{task}: dev logits, same weights: max |ours - stock| = {r['logit_max_abs_diff']:.2e} "
-              f"({'OK' if r['logit_max_abs_diff'] < 1e-4 else 'MISMATCH'} at 1e-4)")
+        for p, diff in r["logit_max_abs_diff"].items():
+            limit = 1e-4 if p == "fp32" else 2e-2  # bf16: stock rounds its logits to bf16, ours keeps them fp32
+            print(f"{task}: dev logits {p}, same weights: max |ours - stock| = {diff:.2e} "
+                  f"({'OK' if diff < limit else 'MISMATCH'} at {limit:g})")
         if "memory" in r:
-            peaks = {s: r["memory"][s]["peak_rss_mib"] for s in SIDES}
-            print(f"{task}: peak RSS ours {peaks['ours']:.0f} MiB vs stock {peaks['stock']:.0f} MiB: "
-                  f"ours {'<=' if peaks['ours'] <= peaks['stock'] else '>'} stock")
+            for p in precisions:
+                run = "ours" if p == "fp32" else f"ours {p}"
+                peaks = {s: r["memory"][run.replace("ours", s)]["peak_rss_mib"] for s in SIDES}
+                print(f"{task}: peak RSS {p}: ours {peaks['ours']:.0f} MiB vs stock {peaks['stock']:.0f} MiB: "
+                      f"ours {'<=' if peaks['ours'] <= peaks['stock'] else '>'} stock")
         print(f"{task}: TrainingArguments: {r['training_arguments']}")
         if "profile" in r:
             print(f"\n{task}, one step / batch:\n" + common.breakdown_table(r["profile"]))

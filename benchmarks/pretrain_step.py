@@ -1,4 +1,4 @@
-# Command: .venv/bin/python benchmarks/pretrain_step.py [--quick] [--presets mini base] [--profile]
+# Command: .venv/bin/python benchmarks/pretrain_step.py [--quick] [--presets tiny mini base] [--profile] [--precisions fp32 bf16]
 """Pre-training step speed: `BertSuiteForPreTraining` vs `transformers.BertForPreTraining`.
 
 One step = forward + backward + gradient clipping (1.0) + AdamW (fused, the Trainer's default)
@@ -10,8 +10,11 @@ with the ratio. Stock computes the MLM decoder at every position, as `BertForPre
 ours at the masked positions only (`masked_positions_only=True`, the recipe's setting), and runs
 the dense layers on real tokens only when a batch has padding.
 
-Model FLOPs utilisation (MFU) = model FLOPs per second / the fp32 matmul FLOP/s measured in the
-same run (common.matmul_flops_per_second). The FLOPs formula is common.encoder_flops (x3 for
+Each side runs in each precision of --precisions (default fp32 and bf16 autocast over the forward,
+the loss included, fp32 master weights as in the recipe), the four runs alternating, so bf16/fp32 and
+ours/stock in each precision are ratios from one run. Model FLOPs utilisation (MFU) = model FLOPs per
+second / the matmul FLOP/s of the same precision measured in the same run
+(common.matmul_flops_per_second, fp32 and bf16). The FLOPs formula is common.encoder_flops (x3 for
 forward + backward), the same for both models: the FLOPs the task needs, so padding and the
 decoder at unmasked positions count as waste, not as work.
 """
@@ -19,6 +22,7 @@ decoder at unmasked positions count as waste, not as work.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import sys
 import tempfile
@@ -35,7 +39,8 @@ def parse_args(argv=None):
     p.add_argument("--data", type=Path, default=common.DEFAULT_DATA)
     p.add_argument("--vocab", type=Path, help="default: DATA/vocab/bert-base-uncased/vocab.txt")
     p.add_argument("--corpus", type=Path, help="default: DATA/corpus/wikitext-2-raw/wiki.test.raw")
-    p.add_argument("--presets", nargs="+", default=["mini", "base"])
+    p.add_argument("--presets", nargs="+", default=["tiny", "mini", "base"])
+    p.add_argument("--precisions", nargs="+", choices=["fp32", "bf16"], default=["fp32", "bf16"])
     p.add_argument("--batch_size", type=int, help="default per preset: " + str(BATCH))
     p.add_argument("--seq_len", type=int, default=128)
     p.add_argument("--steps", type=int, default=3, help="steps per timed repetition (base: a third)")
@@ -44,7 +49,7 @@ def parse_args(argv=None):
     p.add_argument("--no-memory", dest="memory", action="store_false")
     p.add_argument("--profile", action="store_true", help="also print where one step's time goes")
     p.add_argument("--out", default="pretrain_step")
-    p.add_argument("--memory-child", choices=["ours", "stock"], help=argparse.SUPPRESS)
+    p.add_argument("--memory-child", help=argparse.SUPPRESS)  # a run: ours, stock, ours bf16, stock bf16
     p.add_argument("--batches", type=Path, help=argparse.SUPPRESS)  # the parent's batches (torch.save)
     args = p.parse_args(argv)
     args.vocab = args.vocab or args.data / "vocab" / "bert-base-uncased" / "vocab.txt"
@@ -92,9 +97,21 @@ def build_models(preset: str, vocab_size: int, only: str | None = None):
     return config, ours, stock
 
 
+def run_names(precisions) -> list[str]:
+    """"ours", "stock" (fp32), "ours bf16", "stock bf16"."""
+    return [side if p == "fp32" else f"{side} {p}" for p in precisions for side in ("ours", "stock")]
+
+
+def bf16_autocast(device="cpu"):
+    """bf16 autocast around each step's forward and loss (one object, entered once per step)."""
+    import torch
+
+    return torch.autocast(device, dtype=torch.bfloat16)
+
+
 def stepper(model, batches, ours: bool, autocast=None):
     """A function running one training step on each batch (the timed unit); `autocast`: a
-    context manager around the forward pass (the GPU benchmark's bf16)."""
+    context manager around the forward pass (bf16)."""
     import contextlib
 
     import torch
@@ -132,23 +149,27 @@ def memory_child(args) -> None:
     from bert_suite.tokenization import load_pretraining_tokenizer
 
     batches = torch.load(args.batches)
-    _, ours, stock = build_models(args.presets[0], len(load_pretraining_tokenizer(str(args.vocab))),
-                                  only=args.memory_child)
-    model = ours if args.memory_child == "ours" else stock
+    side, bf16 = args.memory_child.split()[0], args.memory_child.endswith("bf16")
+    _, ours, stock = build_models(args.presets[0], len(load_pretraining_tokenizer(str(args.vocab))), only=side)
+    model = ours if side == "ours" else stock
     baseline = common.max_rss_mib()
-    run = stepper(model, batches, args.memory_child == "ours")
+    run = stepper(model, batches, side == "ours", bf16_autocast() if bf16 else None)
     for _ in range(3):  # the steady state: activations of a step on top of the optimizer's state
         run()
     print(json.dumps({"peak_rss_mib": common.max_rss_mib(), "baseline_rss_mib": baseline}))
 
 
-def bench_preset(args, preset: str, tokenizer, peak: float) -> dict:
+def bench_preset(args, preset: str, tokenizer, peaks: dict) -> dict:
     size = args.batch_size or BATCH[preset]
     steps = max(1, args.steps // 3) if preset in ("base", "large") else args.steps
     batches = make_batches(args, tokenizer, steps, size)
     config, ours, stock = build_models(preset, len(tokenizer))
     check = same_loss(ours, stock, batches[0])
-    runs = {"ours": stepper(ours, batches, True), "stock": stepper(stock, batches, False)}
+    models = {"ours": ours, "stock": stock}
+    if "bf16" in args.precisions:  # own copies: each optimizer steps its own weights
+        models.update({"ours bf16": copy.deepcopy(ours), "stock bf16": copy.deepcopy(stock)})
+    runs = {name: stepper(models[name], batches, name.startswith("ours"), bf16_autocast() if name.endswith("bf16") else None)
+            for name in run_names(args.precisions)}
     for run in runs.values():  # warm-up: one step each
         run(batches[:1])
     seconds = common.alternate(runs, args.repeats)
@@ -161,8 +182,14 @@ def bench_preset(args, preset: str, tokenizer, peak: float) -> dict:
         t = common.median(seconds[side])
         row[f"{side}_tokens_per_s"] = sum(lengths) / t
         row[f"{side}_step_s"] = t / steps
-        row[f"{side}_mfu"] = flops / t / peak
-    row["speedup"] = row["ours_tokens_per_s"] / row["stock_tokens_per_s"]
+        row[f"{side}_mfu"] = flops / t / peaks["bf16" if side.endswith("bf16") else "fp32"]
+    for p in args.precisions:  # ours over stock, in each precision
+        suffix = "" if p == "fp32" else f" {p}"
+        row["speedup" if p == "fp32" else f"speedup {p}"] = \
+            row[f"ours{suffix}_tokens_per_s"] / row[f"stock{suffix}_tokens_per_s"]
+    if len(args.precisions) == 2:
+        for side in ("ours", "stock"):
+            row[f"{side} bf16/fp32"] = row[f"{side} bf16_tokens_per_s"] / row[f"{side}_tokens_per_s"]
     if args.profile:
         row["profile"] = {f"{side} step": common.profile_breakdown(lambda r=run: r(batches[:1]))
                           for side, run in runs.items()}
@@ -193,20 +220,30 @@ def main(argv=None) -> dict:
     if args.memory_child:
         memory_child(args)
         return {}
+    from bert_suite.precision import native_bf16_flag
+
     tokenizer = load_pretraining_tokenizer(str(args.vocab))
-    peak = common.matmul_flops_per_second()
-    rows = [bench_preset(args, preset, tokenizer, peak) for preset in args.presets]
-    peak_after = common.matmul_flops_per_second()
-    payload = {"machine": common.machine(), "matmul_fp32_flops": [peak, peak_after], "rows": rows,
+    dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16}
+    before = {p: common.matmul_flops_per_second(dtype=dtypes[p]) for p in ("fp32", "bf16")}
+    rows = [bench_preset(args, preset, tokenizer, before) for preset in args.presets]
+    after = {p: common.matmul_flops_per_second(dtype=dtypes[p]) for p in ("fp32", "bf16")}
+    payload = {"machine": {**common.machine(), "native_bf16": native_bf16_flag()},
+               "matmul_fp32_flops": [before["fp32"], after["fp32"]],
+               "matmul_bf16_flops": [before["bf16"], after["bf16"]], "rows": rows,
                "settings": {k: str(v) for k, v in vars(args).items()}, "torch_threads": torch.get_num_threads()}
     common.write_result(args.out, payload)
     print(json.dumps(payload["machine"]))
-    print(f"measured fp32 matmul: {peak / 1e9:.1f} GFLOP/s before, {peak_after / 1e9:.1f} after")
-    columns = [("preset", "preset"), ("batch", "batch"), ("ours_tokens_per_s", "ours tok/s"),
-               ("stock_tokens_per_s", "stock tok/s"), ("speedup", "ratio"), ("ours_mfu", "ours MFU"),
-               ("stock_mfu", "stock MFU"), ("loss_diff_no_dropout", "|loss diff|")]
+    for p in ("fp32", "bf16"):
+        print(f"measured {p} matmul: {before[p] / 1e9:.1f} GFLOP/s before, {after[p] / 1e9:.1f} after")
+    print(f"native bf16: {payload['machine']['native_bf16'] or 'none (bf16 is emulated on this CPU)'}")
+    names = run_names(args.precisions)
+    columns = [("preset", "preset"), ("batch", "batch"), *[(f"{n}_tokens_per_s", f"{n} tok/s") for n in names],
+               ("speedup", "ours/stock fp32"), ("speedup bf16", "ours/stock bf16"), ("ours bf16/fp32", "ours bf16/fp32"),
+               ("stock bf16/fp32", "stock bf16/fp32"), *[(f"{n}_mfu", f"{n} MFU") for n in names],
+               ("loss_diff_no_dropout", "|loss diff|")]
+    columns = [c for c in columns if any(c[0] in r for r in rows)]
     if args.memory:
-        columns += [("ours_peak_rss_mib", "ours peak MiB"), ("stock_peak_rss_mib", "stock peak MiB")]
+        columns += [(f"{n}_peak_rss_mib", f"{n} peak MiB") for n in names]
     print(common.table(rows, columns))
     for row in rows:
         if "profile" in row:

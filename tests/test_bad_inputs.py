@@ -301,6 +301,24 @@ def pretrain_config(text: str) -> Callable:
     return run
 
 
+def recipe_run(*overrides: str) -> Callable:
+    """recipes/pretrain.py's main with key=value overrides; its refusal (SystemExit with the message) is
+    printed as the script prints it, exit status 1."""
+
+    def run(tmp, env):
+        from helpers import load_recipe
+
+        try:
+            load_recipe().main(["train_data=" + str(tmp / "data"), "tokenizer=" + str(env.vocab), "report_to=none",
+                                "output_dir=" + str(tmp / "out"), *overrides])
+        except SystemExit as done:
+            print(done.code, file=sys.stderr)
+            return 1
+        return 0
+
+    return run
+
+
 def with_tokenizer(argv: list[str], path: Path) -> list[str]:
     at = argv.index("--tokenizer") + 1
     return [*argv[:at], str(path), *argv[at + 1:]]
@@ -562,6 +580,19 @@ CASES = [
     Case("recipe-config-wrong-type", "pre-training config", "the recipe config with max_steps: many",
          pretrain_config("train_data: data\ntokenizer: vocab.txt\nmax_steps: many\n"),
          r"recipe\.yaml", r"max_steps", r"must be int, got str 'many'", code=1),
+    # ---------------------------------------------------------------- precision (bf16 on the CPU)
+    Case("precision-unknown", "precision", "`finetune --precision fp16` (not one of the choices)",
+         lambda tmp, env: finetune("rte", rte_data(tmp), tmp, env, "--precision", "fp16"),
+         r"argument --precision", None, r"invalid choice: 'fp16' \(choose from 'auto', 'bf16', 'fp32'\)"),
+    Case("precision-fp16-on-cpu", "precision", "`finetune --fp16` on a CPU",
+         lambda tmp, env: finetune("rte", rte_data(tmp), tmp, env, "--fp16"),
+         r"--fp16", None, r"fp16 autocast on a CPU is not supported .*expected --precision bf16 \(or --bf16\) or fp32"),
+    Case("precision-flags-disagree", "precision", "`finetune --precision fp32 --bf16`",
+         lambda tmp, env: finetune("rte", rte_data(tmp), tmp, env, "--precision", "fp32", "--bf16"),
+         r"--precision fp32 and --bf16 True", None, r"disagree; expected one of them"),
+    Case("precision-recipe-fp16-on-cpu", "precision", "the recipe with `mixed_precision=fp16` on a CPU",
+         recipe_run("mixed_precision=fp16", "phase1_fraction=1"), r"mixed_precision=fp16", None,
+         r"on a CPU: fp16 autocast on a CPU is not supported .*expected mixed_precision=bf16, no or auto", code=1),
     # ---------------------------------------------------------------- tokenizer / vocabulary
     Case("vocab-without-mask", "tokenizer", "`pretrain-data` with a vocab.txt lacking [MASK]",
          pretrain_data(None, [t for t in VOCAB if t != "[MASK]"]),

@@ -1,5 +1,5 @@
-"""benchmarks/finetune_speed.py on a tiny RTE-like folder: both sides do the same examples, the
-logits agree, stock pads more; and a clean skip when the data is absent."""
+"""benchmarks/finetune_speed.py on a tiny RTE-like folder: both sides do the same examples in both
+precisions, the logits agree, stock pads more; and a clean skip when the data is absent."""
 
 import random
 import sys
@@ -54,8 +54,12 @@ def test_same_examples_same_logits_stock_pads_more(data):
         assert rte["tokens"]["stock"][name]["padded_tokens"] == 128 * n
         assert rte["tokens"]["stock"][name]["padded_tokens"] > rte["tokens"]["ours"][name]["padded_tokens"]
         assert isinstance(rte[name]["ratio"], float) and rte[name]["ratio"] > 0
-        assert all(rte[name]["examples_per_s"][s] > 0 for s in ("ours", "stock"))
-    assert rte["logit_max_abs_diff"] < 1e-4
+        assert set(rte[name]["examples_per_s"]) == {"ours", "stock", "ours bf16", "stock bf16"}
+        assert all(v > 0 for v in rte[name]["examples_per_s"].values())
+        assert set(rte[name]["ratio_by_precision"]) == {"fp32", "bf16"} and rte[name]["bf16_over_fp32"]["ours"] > 0
+    assert rte["logit_max_abs_diff"]["fp32"] < 1e-4  # bf16: ours' scores fp32, stock's rounded to bf16
+    assert rte["logit_max_abs_diff"]["bf16"] < 2e-2
+    assert rte["training_arguments"]["ours bf16"]["bf16"] is True and rte["training_arguments"]["ours"]["bf16"] is False
     assert rte["state_dict"]["missing"] == []
     assert (data / "results" / "test_finetune_speed.json").is_file()
 

@@ -52,8 +52,11 @@ def _training_overrides(rest: list[str]) -> dict:
                              + (f" (did you mean --{close[0]}?)" if close else "")
                              + "; expected the full name of a bert-suite or TrainingArguments option")
     try:
+        # use_cpu for the parse only (only the given flags are kept): TrainingArguments refuses --bf16 on a
+        # machine without a GPU unless use_cpu is set, which training_precision then does for the run
         (parsed,) = HfArgumentParser(TrainingArguments, exit_on_error=False).parse_args_into_dataclasses(
-            rest + ["--output_dir", "unused"], look_for_args_file=False)
+            rest + ["--output_dir", "unused", *(["--use_cpu", "true"] if "use_cpu" not in names.values() else [])],
+            look_for_args_file=False)
     except argparse.ArgumentError as err:
         raise ValueError(f"{err}; expected a value of the flag's type (TrainingArguments)") from None
     except SystemExit:  # argparse has printed why
@@ -160,12 +163,13 @@ def _finetune(args: argparse.Namespace, rest: list[str]) -> None:
     _check_push(args, card)
     _needs_hub(args.model, _data_source(card, args.data_dir), args.tokenizer or args.model)
     output_dir = args.output_dir or f"runs/{card.name}"
-    precision = _precision(overrides, args)
+    precision = _precision(overrides, args, announce=False)
     card = _save_run_card(card, args, output_dir)
     training = training_arguments(card, output_dir, overrides)
     samples = {"train": args.max_train_samples, "eval": args.max_eval_samples}
     prepared = prepare(card, args.model, args.data_dir, args.tokenizer, args.max_seq_length,
                        skip_bad_rows=args.skip_bad_rows, max_samples=samples)
+    _announce(precision)
     result = train_and_evaluate(prepared, args.model, training)
     write_manifest(Path(output_dir) / "run_manifest.json", prepared, args.model, args.data_dir, training,
                    {"max_samples": samples, **precision.record()})
@@ -177,15 +181,22 @@ def _finetune(args: argparse.Namespace, rest: list[str]) -> None:
     print(json.dumps({k: v for k, v in result["metrics"].items() if k.startswith("eval_")}, indent=2))
 
 
-def _precision(overrides: dict, args: argparse.Namespace):
-    """The run's precision (--precision and TrainingArguments' --bf16/--fp16), set in `overrides`; one log line."""
-    from .distributed import is_main_process
+def _precision(overrides: dict, args: argparse.Namespace, announce: bool = True):
+    """The run's precision (--precision and TrainingArguments' --bf16/--fp16), set in `overrides`; with
+    `announce`, its log line now (else the caller says it once the inputs have been read)."""
     from .runner import training_precision
 
     precision = training_precision(overrides, args.precision)
+    if announce:
+        _announce(precision)
+    return precision
+
+
+def _announce(precision) -> None:
+    from .distributed import is_main_process
+
     if is_main_process():
         print(precision.describe(), file=sys.stderr, flush=True)
-    return precision
 
 
 # TrainingArguments fields a grid axis owns -> the grid flag that sets them
@@ -274,7 +285,7 @@ def _predict(args: argparse.Namespace, rest: list[str]) -> None:
     if not splits:
         raise ValueError(f"task {card.name} has no test split; predict new data with --test_file FILE")
     _needs_hub(args.model, _data_source(card, args.data_dir, splits))
-    precision = _precision({}, args)
+    precision = _precision({}, args, announce=False)  # said by predict once the data are read
     settings = {}
     if args.null_score_diff_threshold is not None:
         settings["null_score_diff_threshold"] = args.null_score_diff_threshold
@@ -284,7 +295,7 @@ def _predict(args: argparse.Namespace, rest: list[str]) -> None:
         path = predict(card, args.model, split, args.data_dir, args.output_dir or args.model, args.tokenizer,
                        settings=settings, max_seq_length=args.max_seq_length,
                        options={"context": args.context} if args.context else None,
-                       max_samples=args.max_predict_samples, precision=precision)
+                       max_samples=args.max_predict_samples, precision=precision, announce=True)
         print(f"wrote {path}")
 
 

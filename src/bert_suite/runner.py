@@ -17,6 +17,7 @@ import os
 import pickle
 import platform
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -349,7 +350,7 @@ def train_and_evaluate(prepared: Prepared, model_name: str, args: TrainingArgume
 def predict(card: TaskCard, model: str, split: str, data_dir: str | None, output_dir: str,
             tokenizer: str | None = None, batch_size: int = 64, settings: dict | None = None,
             max_seq_length: int | None = None, options: dict | None = None,
-            max_samples: int | None = None, precision: Precision | None = None) -> Path:
+            max_samples: int | None = None, precision: Precision | None = None, announce: bool = False) -> Path:
     """Predict one split with a fine-tuned checkpoint, applying the settings it carries (card
     options, max_seq_length, the SQuAD v2 null threshold chosen on dev); `settings`, `options`
     and `max_seq_length` override them. Writes the task's prediction files under
@@ -374,6 +375,8 @@ def predict(card: TaskCard, model: str, split: str, data_dir: str | None, output
             values["use_cpu"] = True  # TrainingArguments refuses bf16 on a machine without a GPU unless told
     args = TrainingArguments(output_dir=output_dir, per_device_eval_batch_size=batch_size, report_to="none",
                              **values)  # under a launcher without a GPU: the same gloo group
+    if announce and is_main_process():
+        print(precision.describe(), file=sys.stderr, flush=True)
     trainer = SuiteTrainer(model=net, args=args, data_collator=adapter.collator(prepared.tokenizer))
     data = prepared.encoded[split]
     labels = [c for c in LABEL_COLUMNS if c in data.column_names]
