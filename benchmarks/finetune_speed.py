@@ -79,8 +79,9 @@ def parse(argv) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=3)
     for flag in ("--quick", "--no-memory", "--profile"):
         p.add_argument(flag, action="store_true")
-    p.add_argument("--precisions", nargs="+", choices=["fp32", "bf16"], default=["fp32", "bf16"],
-                   help="each side runs in each (bf16: TrainingArguments' bf16 autocast)")
+    p.add_argument("--precisions", nargs="+", choices=["fp32", "bf16"],
+                   help="each side runs in each (bf16: TrainingArguments' bf16 autocast); default fp32 and bf16, "
+                   "fp32 only with --quick on a CPU without native bf16 (make bench-full measures it there)")
     p.add_argument("--bf16", action="store_true", help="bf16 only (= --precisions bf16)")
     p.add_argument("--out", default="finetune_speed", help="result name: runs/bench/NAME.json")
     p.add_argument("--memory-child", choices=SIDES, help=argparse.SUPPRESS)
@@ -91,6 +92,10 @@ def parse(argv) -> argparse.Namespace:
     args.repeats = 3 if args.quick else args.repeats
     if args.bf16:
         args.precisions = ["bf16"]
+    if args.precisions is None:
+        from bert_suite.precision import native_bf16_flag
+
+        args.precisions = ["fp32"] if args.quick and native_bf16_flag() is None else ["fp32", "bf16"]
     args.runs = run_names(args.precisions)
     return args
 

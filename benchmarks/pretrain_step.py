@@ -41,6 +41,8 @@ def parse_args(argv=None):
     p.add_argument("--corpus", type=Path, help="default: DATA/corpus/wikitext-2-raw/wiki.test.raw")
     p.add_argument("--presets", nargs="+", default=["tiny", "mini", "base"])
     p.add_argument("--precisions", nargs="+", choices=["fp32", "bf16"], default=["fp32", "bf16"])
+    p.add_argument("--bf16_presets", nargs="+", help="presets measured in bf16 too (default: all; with --quick on a "
+                   "CPU without native bf16, tiny only: emulated bf16 base alone takes minutes)")
     p.add_argument("--batch_size", type=int, help="default per preset: " + str(BATCH))
     p.add_argument("--seq_len", type=int, default=128)
     p.add_argument("--steps", type=int, default=3, help="steps per timed repetition (base: a third)")
@@ -56,6 +58,11 @@ def parse_args(argv=None):
     args.corpus = args.corpus or args.data / "corpus" / "wikitext-2-raw" / "wiki.test.raw"
     if args.quick:
         args.repeats, args.steps = 3, 2
+    if args.bf16_presets is None:
+        from bert_suite.precision import native_bf16_flag
+
+        emulated = args.quick and native_bf16_flag() is None
+        args.bf16_presets = ["tiny"] if emulated else list(args.presets)
     return args
 
 
@@ -166,10 +173,11 @@ def bench_preset(args, preset: str, tokenizer, peaks: dict) -> dict:
     config, ours, stock = build_models(preset, len(tokenizer))
     check = same_loss(ours, stock, batches[0])
     models = {"ours": ours, "stock": stock}
-    if "bf16" in args.precisions:  # own copies: each optimizer steps its own weights
+    precisions = args.precisions if preset in args.bf16_presets else [p for p in args.precisions if p != "bf16"]
+    if "bf16" in precisions:  # own copies: each optimizer steps its own weights
         models.update({"ours bf16": copy.deepcopy(ours), "stock bf16": copy.deepcopy(stock)})
     runs = {name: stepper(models[name], batches, name.startswith("ours"), bf16_autocast() if name.endswith("bf16") else None)
-            for name in run_names(args.precisions)}
+            for name in run_names(precisions)}
     for run in runs.values():  # warm-up: one step each
         run(batches[:1])
     seconds = common.alternate(runs, args.repeats)
@@ -183,11 +191,11 @@ def bench_preset(args, preset: str, tokenizer, peaks: dict) -> dict:
         row[f"{side}_tokens_per_s"] = sum(lengths) / t
         row[f"{side}_step_s"] = t / steps
         row[f"{side}_mfu"] = flops / t / peaks["bf16" if side.endswith("bf16") else "fp32"]
-    for p in args.precisions:  # ours over stock, in each precision
+    for p in precisions:  # ours over stock, in each precision
         suffix = "" if p == "fp32" else f" {p}"
         row["speedup" if p == "fp32" else f"speedup {p}"] = \
             row[f"ours{suffix}_tokens_per_s"] / row[f"stock{suffix}_tokens_per_s"]
-    if len(args.precisions) == 2:
+    if len(precisions) == 2:
         for side in ("ours", "stock"):
             row[f"{side} bf16/fp32"] = row[f"{side} bf16_tokens_per_s"] / row[f"{side}_tokens_per_s"]
     if args.profile:
@@ -235,7 +243,8 @@ def main(argv=None) -> dict:
     print(json.dumps(payload["machine"]))
     for p in ("fp32", "bf16"):
         print(f"measured {p} matmul: {before[p] / 1e9:.1f} GFLOP/s before, {after[p] / 1e9:.1f} after")
-    print(f"native bf16: {payload['machine']['native_bf16'] or 'none (bf16 is emulated on this CPU)'}")
+    print(f"native bf16: {payload['machine']['native_bf16'] or 'none (bf16 is emulated on this CPU)'}; "
+          f"bf16 measured for: {', '.join(p for p in args.presets if p in args.bf16_presets) or 'none'}")
     names = run_names(args.precisions)
     columns = [("preset", "preset"), ("batch", "batch"), *[(f"{n}_tokens_per_s", f"{n} tok/s") for n in names],
                ("speedup", "ours/stock fp32"), ("speedup bf16", "ours/stock bf16"), ("ours bf16/fp32", "ours bf16/fp32"),
