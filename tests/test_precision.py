@@ -267,3 +267,13 @@ def test_the_demo_and_the_recipe_default_to_auto():
     assert PretrainConfig.mixed_precision == "auto"
     for path in (REPO / "recipes/configs/pretrain").glob("*.yaml"):
         assert load_pretrain_config(str(path), ["train_data=x", "tokenizer=y"]).mixed_precision in ("auto", "no"), path
+
+
+def test_trainingarguments_bf16_alone_trains_in_bf16_on_a_cpu(tmp_path, capsys):
+    """`finetune --bf16` (TrainingArguments' own flag, no --precision): TrainingArguments refuses bf16 on a
+    machine without a GPU unless use_cpu is set, so bert_suite sets it; the run is recorded as bf16."""
+    data = write_rte_like(tmp_path / "data", n_train=32, n_dev=16)
+    assert cli_main(["finetune", "rte", *run_args(data, tmp_path / "run"), "--max_steps", "2", "--bf16"]) == 0
+    assert "precision: bf16 autocast (--bf16" in capsys.readouterr().err
+    manifest = json.loads((tmp_path / "run" / "run_manifest.json").read_text())
+    assert manifest["precision"] == "bf16 autocast" and manifest["training_arguments"]["bf16"] is True
