@@ -49,6 +49,10 @@ def test_pretrain_step_benchmark_rows(corpus):
     assert row["ours_tokens_per_s"] > 0 and row["stock_tokens_per_s"] > 0 and row["speedup"] > 0
     assert 0 < row["ours_mfu"] and 0 < row["stock_mfu"]
     assert "matmul" in row["profile"]["ours step"] and "matmul" in row["profile"]["stock step"]
+    # both precisions in the same run: bf16 rows, their ratios, and each precision's own matmul peak
+    assert row["ours bf16_tokens_per_s"] > 0 and row["speedup bf16"] > 0 and row["ours bf16/fp32"] > 0
+    assert 0 < row["ours bf16_mfu"] and "matmul" in row["profile"]["ours bf16 step"]
+    assert all(v > 0 for v in payload["matmul_bf16_flops"] + payload["matmul_fp32_flops"])
     assert (corpus / "results" / "pretrain_step.json").is_file()
 
 

@@ -27,7 +27,6 @@ import warnings
 from pathlib import Path
 
 import optuna
-import torch
 from optuna.samplers import GridSampler
 from optuna.trial import TrialState
 from tqdm.auto import tqdm
@@ -40,6 +39,7 @@ from .report import select_best, write_grid_report
 from .runner import (
     TASK_SETTINGS_FILE,
     RunError,
+    apply_precision,
     prepare,
     selection_key,
     train_and_evaluate,
@@ -436,12 +436,7 @@ def run_grid(card: TaskCard, model: str, output_dir: str, data_dir: str | None =
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     overrides = dict(overrides or {})
-    if precision is None:
-        precision = training_precision(overrides)
-    elif "bf16" not in overrides and (precision.bf16 or not torch.cuda.is_available()):
-        overrides["bf16"] = precision.bf16
-        if precision.bf16 and not torch.cuda.is_available():
-            overrides["use_cpu"] = True  # TrainingArguments refuses bf16 on a machine without a GPU unless told
+    precision = training_precision(overrides) if precision is None else apply_precision(overrides, precision)
     space = space or search_space(card)
     storage = storage or f"sqlite:///{(out / 'grid.db').resolve()}"
     optuna.logging.set_verbosity(optuna.logging.WARNING)

@@ -39,7 +39,7 @@ class PrecisionError(ValueError):
 class Precision:
     """The resolved choice: `bf16` (autocast, fp32 master weights) or `fp32`, and why."""
 
-    name: str  # "bf16" or "fp32"
+    name: str  # "bf16" or "fp32" (or "fp16": the recipe on a GPU whose accelerate config asks for it)
     reason: str  # "CPU has avx512_bf16", "--precision fp32", ...
 
     @property
@@ -155,14 +155,3 @@ def warn_emulated(what: str) -> None:
     """bf16 asked for on a CPU that emulates it: allowed (it is correct), but said to be slow."""
     warnings.warn(f"{what}: this CPU has no native bf16 (no avx512_bf16, AMX or Arm bf16 flag), so bf16 is "
                   "emulated, several times slower than fp32; --precision auto picks fp32 here", stacklevel=3)
-
-
-def autocast(precision: Precision, device: str = "cpu"):
-    """The context manager a forward pass runs under: bf16 autocast, or nothing."""
-    import contextlib
-
-    import torch
-
-    if precision.bf16:
-        return torch.autocast(device, dtype=torch.bfloat16)
-    return contextlib.nullcontext()

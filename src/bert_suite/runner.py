@@ -367,12 +367,7 @@ def predict(card: TaskCard, model: str, split: str, data_dir: str | None, output
     values = {"use_cpu": needs_cpu_group()} if needs_cpu_group() else {}
     # bf16 autocast where the CPU has it (or as the run was trained); the heads' scores are fp32
     # either way (modeling_bert_suite.scores_in_fp32), so spans, tags and thresholds are decided on fp32
-    if precision is None:
-        precision = training_precision(values)
-    elif precision.bf16 or not torch.cuda.is_available():
-        values["bf16"] = precision.bf16
-        if precision.bf16 and not torch.cuda.is_available():
-            values["use_cpu"] = True  # TrainingArguments refuses bf16 on a machine without a GPU unless told
+    precision = training_precision(values) if precision is None else apply_precision(values, precision)
     args = TrainingArguments(output_dir=output_dir, per_device_eval_batch_size=batch_size, report_to="none",
                              **values)  # under a launcher without a GPU: the same gloo group
     if announce and is_main_process():
@@ -460,13 +455,7 @@ def training_precision(overrides: dict, requested: str | None = "auto") -> Preci
                              "fp16 needs loss scaling); expected --precision bf16 (or --bf16) or fp32")
     given = [k for k in ("bf16", "fp16") if k in overrides]
     if not given:
-        chosen = resolve(requested, device)
-        if cpu:
-            overrides["bf16"] = chosen.bf16
-    if cpu and overrides.get("bf16"):
-        overrides["use_cpu"] = True  # TrainingArguments refuses bf16 on a machine without a GPU unless told
-    if not given:
-        return chosen
+        return apply_precision(overrides, resolve(requested, device))
     flags = {k: bool(overrides[k]) for k in given}
     name = "bf16" if flags.get("bf16") else "fp16" if flags.get("fp16") else "fp32"
     if requested != "auto" and requested != name:
@@ -477,7 +466,19 @@ def training_precision(overrides: dict, requested: str | None = "auto") -> Preci
     if name == "bf16" and cpu and native_bf16_flag() is None:
         warn_emulated(reason)
         reason += "; emulated: CPU has no native bf16"
-    return Precision(name, reason)
+    return apply_precision(overrides, Precision(name, reason))
+
+
+def apply_precision(values: dict, precision: Precision) -> Precision:
+    """Set TrainingArguments' `bf16` in `values` to a resolved precision (unless given), with `use_cpu`,
+    without which TrainingArguments refuses bf16 on a machine without a GPU. On a GPU an fp32 choice
+    (auto there) leaves `bf16` as given."""
+    cpu = bool(values.get("use_cpu")) or not torch.cuda.is_available()
+    if "bf16" not in values and (precision.bf16 or cpu):
+        values["bf16"] = precision.bf16
+    if cpu and values.get("bf16"):
+        values["use_cpu"] = True
+    return precision
 
 
 def training_arguments(card: TaskCard, output_dir: str, overrides: dict | None = None) -> TrainingArguments:
