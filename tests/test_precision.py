@@ -172,6 +172,25 @@ def test_span_and_tag_scores_are_not_rounded_to_bf16(name, tmp_path):
     assert not torch.equal(scores, scores.bfloat16().float())
 
 
+@pytest.mark.parametrize("name", ["ForQuestionAnswering", "ForTokenClassification"])
+def test_predictions_under_the_trainers_bf16_reach_post_processing_unrounded(name, tmp_path):
+    """What SQuAD's and NER's post-processing receive: SuiteTrainer.predict with TrainingArguments' bf16
+    (accelerate's autocast around the forward) returns fp32 scores that are not bf16 values."""
+    import datasets
+    from transformers import TrainingArguments
+
+    from bert_suite.runner import SuiteTrainer
+
+    save_stock(name, tmp_path / "model")
+    model = HEADS[name][0].from_pretrained(tmp_path / "model")
+    rows = {k: v.tolist() for k, v in inputs_for(name).items()}
+    args = TrainingArguments(output_dir=str(tmp_path / "out"), bf16=True, use_cpu=True, report_to="none",
+                             per_device_eval_batch_size=2)
+    out = SuiteTrainer(model=model, args=args).predict(datasets.Dataset.from_dict(rows))
+    scores = torch.as_tensor(out.predictions[0] if name == "ForQuestionAnswering" else out.predictions)
+    assert scores.dtype == torch.float32 and not torch.equal(scores, scores.bfloat16().float())
+
+
 # ---------------------------------------------------------------------------------------- runs in bf16
 
 
