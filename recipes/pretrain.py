@@ -39,7 +39,7 @@ from bert_suite import BertSuiteConfig, BertSuiteForPreTraining
 from bert_suite.distributed import launched_processes, needs_cpu_group
 from bert_suite.faults import failpoint
 from bert_suite.io import atomic_write_text
-from bert_suite.precision import recipe_precision
+from bert_suite.precision import on_cpu, recipe_precision
 from bert_suite.pretraining.checkpoints import (
     complete_checkpoints,
     load_checkpoint,
@@ -198,10 +198,8 @@ def main(argv=None):
     # torchrun or `accelerate launch --multi_gpu` on a machine without an accelerator: accelerate
     # would run N unconnected copies unless told to use the CPU (then it joins them with gloo).
     launched = launched_processes()
-    on_cpu = needs_cpu_group() or not torch.cuda.is_available() or \
-        os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes")
     try:  # auto: bf16 autocast where the CPU does bf16 natively; explicit values and the launch config win
-        mixed_precision, precision = recipe_precision(cfg.mixed_precision, on_cpu)
+        mixed_precision, precision = recipe_precision(cfg.mixed_precision, on_cpu(needs_cpu_group()))
     except ValueError as err:
         raise SystemExit(f"pretrain: error: {err}") from None
     accelerator = Accelerator(cpu=needs_cpu_group(),

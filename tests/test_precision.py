@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from bert_suite import precision
+from bert_suite import precision, runner
 from bert_suite.cli import main as cli_main
 from bert_suite.precision import Precision, PrecisionError, recipe_precision, resolve
 from bert_suite.runner import training_precision
@@ -28,9 +28,11 @@ from helpers import (
 
 @pytest.fixture
 def cpu(monkeypatch):
-    """A CPU with or without native bf16, and no BERT_SUITE_PRECISION: `cpu(True)` / `cpu(False)`."""
+    """A machine without an accelerator whose CPU has or lacks native bf16, and no BERT_SUITE_PRECISION:
+    `cpu(True)` / `cpu(False)`."""
     monkeypatch.delenv(precision.ENV, raising=False)
     monkeypatch.delenv("ACCELERATE_MIXED_PRECISION", raising=False)
+    monkeypatch.setattr(runner, "on_cpu", lambda use_cpu=False: True)
 
     def make(native: bool):
         monkeypatch.setattr(precision, "native_bf16_flag", lambda: "avx512_bf16" if native else None)
@@ -65,16 +67,28 @@ def test_an_explicit_choice_wins_and_bf16_on_an_emulating_cpu_warns_that_it_is_s
         resolve("auto")
 
 
-def test_a_gpu_keeps_its_own_choice():
-    assert resolve("auto", "cuda").name == "fp32"  # TrainingArguments' --bf16 / the launch config decide there
+def test_a_gpu_keeps_its_own_choice(cpu, monkeypatch):
+    """With an accelerator, auto leaves TrainingArguments' bf16 as given (fp32 by default) and never sets
+    use_cpu (which would move the run off the GPU); --bf16 there is plain bf16, without use_cpu either."""
+    cpu(True)  # a CPU with native bf16 must not pull a GPU run onto it
+    monkeypatch.setattr(runner, "on_cpu", lambda use_cpu=False: use_cpu)
+    overrides = {}
+    assert training_precision(overrides) == Precision("fp32", "accelerator: auto leaves the choice to --bf16 or "
+                                                               "the accelerate config") and overrides == {}
+    overrides = {"bf16": True}
+    assert training_precision(overrides).bf16 and overrides == {"bf16": True}
+    overrides = {"fp16": True}  # fp16 autocast is fine on a GPU
+    assert training_precision(overrides).label == "fp16 autocast" and overrides == {"fp16": True}
+    overrides = {"use_cpu": True}  # told to use the CPU on a GPU machine: the CPU's choice
+    assert training_precision(overrides).bf16 and overrides == {"use_cpu": True, "bf16": True}
 
 
 def test_training_flags_keep_their_meaning_and_win_over_auto(cpu):
     cpu(True)
     overrides = {}
     assert training_precision(overrides).bf16 and overrides == {"bf16": True, "use_cpu": True}
-    overrides = {"bf16": False}  # --no_bf16
-    assert training_precision(overrides) == Precision("fp32", "--no_bf16") and overrides == {"bf16": False}
+    overrides = {"bf16": False}  # --no_bf16, or --bf16 false
+    assert training_precision(overrides) == Precision("fp32", "--bf16 false") and overrides == {"bf16": False}
     cpu(False)
     overrides = {}
     assert not training_precision(overrides).bf16 and overrides == {"bf16": False}
@@ -82,7 +96,7 @@ def test_training_flags_keep_their_meaning_and_win_over_auto(cpu):
         assert training_precision({"bf16": True}).bf16
     with pytest.raises(PrecisionError, match=r"--precision fp32 and --bf16 True disagree"):
         training_precision({"bf16": True}, "fp32")
-    with pytest.raises(PrecisionError, match=r"--fp16: fp16 autocast on a CPU is not supported.*--precision bf16"):
+    with pytest.raises(PrecisionError, match=r"--fp16 on a CPU: fp16 autocast on a CPU is not supported.*--precision bf16"):
         training_precision({"fp16": True})
 
 
@@ -97,7 +111,8 @@ def test_the_recipe_reads_mixed_precision_auto_and_refuses_fp16_on_a_cpu(cpu, mo
         assert recipe_precision("auto", cpu=True)[0] == "bf16"
     assert recipe_precision("auto", cpu=False) == ("bf16", Precision("bf16", "accelerate config mixed_precision=bf16"))
     monkeypatch.delenv("ACCELERATE_MIXED_PRECISION")
-    assert recipe_precision("auto", cpu=False)[0] == "no"  # a GPU: the launch config's choice, as before
+    assert recipe_precision("auto", cpu=False) == ("no", Precision("fp32", "GPU: accelerate's mixed_precision is not "
+                                                                    "set"))  # torchrun, python: as before auto
     with pytest.raises(PrecisionError, match=r"mixed_precision=fp16 on a CPU: fp16 autocast on a CPU is not supported"):
         recipe_precision("fp16", cpu=True)
     assert recipe_precision("fp16", cpu=False)[1].label == "fp16 autocast"
@@ -170,6 +185,16 @@ def test_span_and_tag_scores_are_not_rounded_to_bf16(name, tmp_path):
     scores = out.start_logits if name == "ForQuestionAnswering" else out.logits
     assert scores.dtype == torch.float32
     assert not torch.equal(scores, scores.bfloat16().float())
+
+
+def test_heads_with_bf16_parameters_still_run_under_autocast(tmp_path):
+    """Parameters that are bf16 themselves (FSDP's bf16 mixed precision, a model cast to bf16) are used in
+    their dtype by the fp32 score layers rather than failing on a dtype mismatch; the scores come back fp32."""
+    save_stock("ForQuestionAnswering", tmp_path)
+    model = HEADS["ForQuestionAnswering"][0].from_pretrained(tmp_path).eval().to(torch.bfloat16)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        out = model(**inputs_for("ForQuestionAnswering"))
+    assert out.start_logits.dtype == torch.float32 and torch.isfinite(out.start_logits).all()
 
 
 @pytest.mark.parametrize("name", ["ForQuestionAnswering", "ForTokenClassification"])
@@ -280,12 +305,16 @@ def test_fine_tuning_in_bf16_learns_as_fp32_does_and_the_grid_records_it(tmp_pat
     assert "| precision | bf16 autocast (CPU has amx_bf16) |" in model_card(card)
 
 
-def test_the_demo_and_the_recipe_default_to_auto():
+def test_the_recipe_defaults_to_auto_and_the_gpu_sized_configs_keep_bf16():
+    """tiny (what the demo and `make pretrain` run) says nothing, so auto; the configs sized for a GPU say bf16,
+    as they did, so torchrun or a plain launch on a GPU keeps its bf16."""
     from bert_suite.pretraining.config import PretrainConfig, load_pretrain_config
 
-    assert PretrainConfig.mixed_precision == "auto"
-    for path in (REPO / "recipes/configs/pretrain").glob("*.yaml"):
-        assert load_pretrain_config(str(path), ["train_data=x", "tokenizer=y"]).mixed_precision in ("auto", "no"), path
+    def precision_of(name):
+        return load_pretrain_config(str(REPO / f"recipes/configs/pretrain/{name}.yaml"),
+                                    ["train_data=x", "tokenizer=y"]).mixed_precision
+    assert PretrainConfig.mixed_precision == "auto" and precision_of("tiny") == "auto"
+    assert all(precision_of(name) == "bf16" for name in ("mini", "small", "medium", "base", "large", "table5-no-nsp"))
 
 
 def test_trainingarguments_bf16_alone_trains_in_bf16_on_a_cpu(tmp_path, capsys):

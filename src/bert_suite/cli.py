@@ -33,6 +33,8 @@ def _training_overrides(rest: list[str]) -> dict:
 
     from transformers import HfArgumentParser, TrainingArguments
 
+    from .precision import on_cpu
+
     fields = {f.name for f in dataclasses.fields(TrainingArguments) if f.init}
     # --no_X for a boolean X that defaults to false (--no_bf16): HfArgumentParser makes --no_X only for
     # those that default to true, so it becomes --X false (an explicit fp32 where auto would pick bf16).
@@ -52,11 +54,11 @@ def _training_overrides(rest: list[str]) -> dict:
                              + (f" (did you mean --{close[0]}?)" if close else "")
                              + "; expected the full name of a bert-suite or TrainingArguments option")
     try:
-        # use_cpu for the parse only (only the given flags are kept): TrainingArguments refuses --bf16 on a
-        # machine without a GPU unless use_cpu is set, which training_precision then does for the run
+        # TrainingArguments refuses --bf16 on a machine without an accelerator unless use_cpu is set (the run
+        # sets it: runner.apply_precision); for this parse too, of which only the given flags are kept
+        cpu_bf16 = "bf16" in names.values() and "use_cpu" not in names.values() and on_cpu()
         (parsed,) = HfArgumentParser(TrainingArguments, exit_on_error=False).parse_args_into_dataclasses(
-            rest + ["--output_dir", "unused", *(["--use_cpu", "true"] if "use_cpu" not in names.values() else [])],
-            look_for_args_file=False)
+            rest + ["--output_dir", "unused", *(["--use_cpu", "true"] if cpu_bf16 else [])], look_for_args_file=False)
     except argparse.ArgumentError as err:
         raise ValueError(f"{err}; expected a value of the flag's type (TrainingArguments)") from None
     except SystemExit:  # argparse has printed why
@@ -289,13 +291,13 @@ def _predict(args: argparse.Namespace, rest: list[str]) -> None:
     settings = {}
     if args.null_score_diff_threshold is not None:
         settings["null_score_diff_threshold"] = args.null_score_diff_threshold
-    for split in splits:
+    for number, split in enumerate(splits):
         if split not in card.splits:
             raise ValueError(f"task {card.name} has no split {split!r} (splits: {', '.join(card.splits)})")
         path = predict(card, args.model, split, args.data_dir, args.output_dir or args.model, args.tokenizer,
                        settings=settings, max_seq_length=args.max_seq_length,
                        options={"context": args.context} if args.context else None,
-                       max_samples=args.max_predict_samples, precision=precision, announce=True)
+                       max_samples=args.max_predict_samples, precision=precision, announce=number == 0)
         print(f"wrote {path}")
 
 

@@ -478,6 +478,7 @@ def _run_points(study, storage, card, model, out, data_dir, tokenizer, max_seq_l
         # uninterrupted run would; otherwise pop the next waiting point (the database hands it to one worker).
         trial = optuna.trial.Trial(study, orphans[0]._trial_id) if orphans else study.ask()
         trial.set_user_attr("worker", {"host": socket.gethostname(), "pid": os.getpid()})
+        trial.set_user_attr("precision", precision.label)  # each worker resolves its own (its CPU may differ)
         params = {axis: trial.suggest_categorical(axis, values) for axis, values in space.items()}
         if _taken(study, trial.number, _point(params), done):  # finished, or held by a trial before this one
             trial.set_user_attr("skipped", True)

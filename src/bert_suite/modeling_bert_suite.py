@@ -331,7 +331,10 @@ def scores_in_fp32(layer: nn.Linear, hidden_states):
     device = hidden_states.device.type
     if not torch.is_autocast_enabled(device):
         return layer(hidden_states)
-    with torch.autocast(device, enabled=False):
+    dtype = getattr(layer, "weight", hidden_states).dtype  # bf16 parameters (FSDP's bf16 mixed precision,
+    with torch.autocast(device, enabled=False):             # a model cast to bf16): computed in their dtype
+        if dtype != torch.float32:
+            return layer(hidden_states.to(dtype)).float()
         return layer(hidden_states.float())
 
 

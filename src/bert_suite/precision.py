@@ -98,22 +98,43 @@ def check_choice(value: str | None, flag: str = "--precision") -> str:
     return value
 
 
+def on_cpu(use_cpu: bool = False) -> bool:
+    """Whether a run computes on the CPU: told so (`use_cpu`, or ACCELERATE_USE_CPU from an accelerate
+    launch with use_cpu), or no accelerator is present (CUDA, Apple MPS, Intel XPU)."""
+    import torch
+
+    if use_cpu or os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes"):
+        return True
+    mps, xpu = getattr(torch.backends, "mps", None), getattr(torch, "xpu", None)
+    return not (torch.cuda.is_available() or (mps is not None and mps.is_available())
+                or (xpu is not None and xpu.is_available()))
+
+
+def explicit(name: str, reason: str, cpu: bool, expected: str = "bf16, fp32 or auto") -> Precision:
+    """A precision the user asked for (`name` bf16, fp32 or fp16; `reason` says how). fp16 on a CPU is
+    refused (`expected` names what to ask for instead); bf16 on a CPU that emulates it runs, correctly,
+    after a warning that it is slow."""
+    if name == "fp16" and cpu:
+        raise PrecisionError(f"{reason} on a CPU: fp16 autocast on a CPU is not supported (CPUs have no fast fp16 "
+                             f"matmul, and fp16 needs loss scaling); expected {expected}")
+    if name == "bf16" and cpu and native_bf16_flag() is None:
+        warn_emulated(reason)
+        reason += "; emulated: CPU has no native bf16"
+    return Precision(name, reason)
+
+
 def resolve(requested: str | None = "auto", device: str = "cpu", source: str = "--precision") -> Precision:
-    """The precision a run on `device` ("cpu", "cuda", ...) uses for `requested` (auto, bf16, fp32).
-    `source` names where an explicit request came from, for the log line. On a GPU `auto` is fp32
-    here: callers on a GPU keep the launcher's or TrainingArguments' own choice (see the module doc)."""
+    """The precision a run on `device` ("cpu", or an accelerator: "cuda", "mps", ...) uses for `requested`
+    (auto, bf16, fp32); `source` names where an explicit request came from, for the log line. Off the
+    CPU `auto` is fp32 here: callers there keep the launcher's or TrainingArguments' own choice."""
     requested = check_choice(requested, source)
     if requested == "auto" and os.environ.get(ENV):
         requested, source = check_choice(os.environ[ENV], ENV), f"{ENV}={os.environ[ENV]}"
-    flag = native_bf16_flag() if device == "cpu" else None
     if requested != "auto":
-        reason = source if "=" in source else f"{source} {requested}"
-        if requested == "bf16" and device == "cpu" and flag is None:
-            warn_emulated(reason)
-            reason += "; emulated: CPU has no native bf16"
-        return Precision(requested, reason)
+        return explicit(requested, source if "=" in source else f"{source} {requested}", device == "cpu")
     if device != "cpu":
-        return Precision("fp32", f"{device}: auto leaves the choice to the launcher or --bf16")
+        return Precision("fp32", f"{device}: auto leaves the choice to --bf16 or the accelerate config")
+    flag = native_bf16_flag()
     if flag is None:
         return Precision("fp32", "CPU has no native bf16")
     return Precision("bf16", f"CPU has {flag}")
@@ -124,31 +145,22 @@ ACCELERATE_NAMES = {"no": "fp32", "bf16": "bf16", "fp16": "fp16"}  # accelerate'
 
 def recipe_precision(value: str, cpu: bool) -> tuple[str, Precision]:
     """The pre-training recipe's `mixed_precision` (auto, no, bf16, fp16) -> (accelerate's value, the
-    precision). Explicit values win; with auto, BERT_SUITE_PRECISION, then the accelerate launch config's
-    choice when it asks for mixed precision, then (CPU) the hardware or (GPU) the launch config's `no`."""
-    launcher = os.environ.get("ACCELERATE_MIXED_PRECISION", "no").lower()
+    precision). Explicit values win; with auto: BERT_SUITE_PRECISION, then `accelerate launch`'s
+    mixed_precision (its config or flag) when it asks for bf16 or fp16, then on the CPU the hardware,
+    and on a GPU `no`, as before auto existed (the shipped GPU-sized configs say bf16 themselves)."""
+    launcher = os.environ.get("ACCELERATE_MIXED_PRECISION")  # set by `accelerate launch` only
+    source = f"mixed_precision={value}"
     if value == "auto" and os.environ.get(ENV):
-        value, source = {"bf16": "bf16", "fp32": "no", "auto": "auto"}[check_choice(os.environ[ENV], ENV)], \
-            f"{ENV}={os.environ[ENV]}"
-    else:
-        source = f"mixed_precision={value}"
+        choice = check_choice(os.environ[ENV], ENV)
+        value, source = {"bf16": "bf16", "fp32": "no", "auto": "auto"}[choice], f"{ENV}={os.environ[ENV]}"
     if value == "auto" and launcher in ("bf16", "fp16"):
         value, source = launcher, f"accelerate config mixed_precision={launcher}"
+    if value == "auto" and not cpu:
+        return "no", Precision("fp32", f"GPU: accelerate's mixed_precision is {launcher or 'not set'}")
     if value == "auto":
-        if not cpu:
-            return "no", Precision("fp32", "GPU: the accelerate config's mixed_precision (no)")
         chosen = resolve("auto", "cpu")
         return ("bf16" if chosen.bf16 else "no"), chosen
-    if value not in ACCELERATE_NAMES:
-        raise PrecisionError(f"mixed_precision {value!r}: expected auto, no, bf16 or fp16")
-    if value == "fp16" and cpu:
-        raise PrecisionError(f"{source} on a CPU: fp16 autocast on a CPU is not supported (no fast fp16 matmul, "
-                             "and fp16 needs loss scaling); expected mixed_precision=bf16, no or auto")
-    reason = source
-    if value == "bf16" and cpu and native_bf16_flag() is None:
-        warn_emulated(source)
-        reason += "; emulated: CPU has no native bf16"
-    return value, Precision(ACCELERATE_NAMES[value], reason)
+    return value, explicit(ACCELERATE_NAMES[value], source, cpu, "mixed_precision=bf16, no or auto")
 
 
 def warn_emulated(what: str) -> None:

@@ -36,7 +36,7 @@ from .configuration_bert_suite import BertSuiteConfig
 from .distributed import is_main_process, launched_processes, needs_cpu_group
 from .faults import failpoint
 from .io import atomic_write_text
-from .precision import Precision, PrecisionError, native_bf16_flag, resolve, warn_emulated
+from .precision import Precision, PrecisionError, explicit, on_cpu, resolve
 from .tokenization import check_max_seq_length, load_tokenizer
 
 TASK_SETTINGS_FILE = "bert_suite_task.json"  # settings chosen on dev, kept with the checkpoint
@@ -447,33 +447,25 @@ def training_precision(overrides: dict, requested: str | None = "auto") -> Preci
     """The run's precision from `--precision` (auto, bf16, fp32) and TrainingArguments' own flags in
     `overrides` (`--bf16`, `--no_bf16`, `--fp16`, which keep their meaning and win over auto); sets
     `overrides["bf16"]` to it on the CPU. On a GPU, auto leaves `--bf16` as given (default fp32)."""
-    cpu = bool(overrides.get("use_cpu")) or not torch.cuda.is_available()
-    device = "cpu" if cpu else "cuda"
+    cpu = on_cpu(bool(overrides.get("use_cpu")))
     requested = (requested or "auto").lower()
-    if overrides.get("fp16") and cpu:
-        raise PrecisionError("--fp16: fp16 autocast on a CPU is not supported (CPUs have no fast fp16 matmul, and "
-                             "fp16 needs loss scaling); expected --precision bf16 (or --bf16) or fp32")
-    given = [k for k in ("bf16", "fp16") if k in overrides]
+    given = {k: bool(overrides[k]) for k in ("bf16", "fp16") if k in overrides}
     if not given:
-        return apply_precision(overrides, resolve(requested, device))
-    flags = {k: bool(overrides[k]) for k in given}
-    name = "bf16" if flags.get("bf16") else "fp16" if flags.get("fp16") else "fp32"
+        return apply_precision(overrides, resolve(requested, "cpu" if cpu else "accelerator"))
+    name = "bf16" if given.get("bf16") else "fp16" if given.get("fp16") else "fp32"
     if requested != "auto" and requested != name:
-        said = " ".join(f"--{k} {v}" for k, v in flags.items())
+        said = " ".join(f"--{k} {v}" for k, v in given.items())
         raise PrecisionError(f"--precision {requested} and {said} disagree; expected one of them (--precision is "
                              "bert_suite's switch, --bf16/--fp16 are TrainingArguments')")
-    reason = "--" + ("bf16" if name == "bf16" else "fp16" if name == "fp16" else "no_bf16")
-    if name == "bf16" and cpu and native_bf16_flag() is None:
-        warn_emulated(reason)
-        reason += "; emulated: CPU has no native bf16"
-    return apply_precision(overrides, Precision(name, reason))
+    reason = f"--{name}" if name != "fp32" else "--bf16 false"
+    return apply_precision(overrides, explicit(name, reason, cpu, "--precision bf16 (or --bf16) or fp32"))
 
 
 def apply_precision(values: dict, precision: Precision) -> Precision:
     """Set TrainingArguments' `bf16` in `values` to a resolved precision (unless given), with `use_cpu`,
-    without which TrainingArguments refuses bf16 on a machine without a GPU. On a GPU an fp32 choice
-    (auto there) leaves `bf16` as given."""
-    cpu = bool(values.get("use_cpu")) or not torch.cuda.is_available()
+    without which TrainingArguments refuses bf16 on a machine without a GPU. Off the CPU an fp32
+    choice (auto there) leaves `bf16` as given."""
+    cpu = on_cpu(bool(values.get("use_cpu")))
     if "bf16" not in values and (precision.bf16 or cpu):
         values["bf16"] = precision.bf16
     if cpu and values.get("bf16"):
