@@ -213,6 +213,9 @@ def test_demo_runs_end_to_end(tmp_path):
     results = json.loads((tmp_path / "demo" / "demo_results.json").read_text())
     assert set(results["dev_accuracy"]) == {"pre-trained", "random init"} and "| pre-trained |" in table
     assert (tmp_path / "demo" / "pretraining_curves.png").read_bytes()[:4] == b"\x89PNG"
+    # one precision for both stages, said in the table and recorded (conftest: BERT_SUITE_PRECISION=fp32)
+    assert results["precision"] == "fp32" and results["precision_reason"] == "BERT_SUITE_PRECISION=fp32"
+    assert results["pretraining"]["precision"] == "fp32" and "Precision (pre-training and fine-tuning): fp32" in table
 
 
 def test_demo_verdict_does_not_call_noise_a_win():
