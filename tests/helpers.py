@@ -221,6 +221,32 @@ def recipe_args(setup: Path, out: Path, *extra: str) -> list[str]:
             "eval_batches=2", "eval_fraction=0.1", "max_predictions_per_seq=5", "max_predictions_per_seq_phase2=10", *extra]
 
 
+def killed_and_resumed(recipe, args: list[str], whole: Path, killed: Path, monkeypatch, die_at: int = 9):
+    """Run the recipe `args` (output in `whole`) uninterrupted, then again in `killed`, killed while masking
+    step `die_at` + 1 (after a checkpoint) and resumed with the same command: (uninterrupted, resumed) histories."""
+    fresh_state()
+    history = recipe.main(args)
+    again = [a.replace(str(whole), str(killed)) for a in args]
+    real = recipe.step_masks
+
+    def dies(collator, batch, seed, step, first, causal=False):
+        if step == die_at:
+            raise KeyboardInterrupt
+        return real(collator, batch, seed, step, first, causal)
+
+    monkeypatch.setattr(recipe, "step_masks", dies)
+    fresh_state()
+    try:
+        recipe.main(again)
+    except KeyboardInterrupt:
+        pass
+    else:
+        raise AssertionError(f"the run was not killed at step {die_at + 1}")
+    monkeypatch.setattr(recipe, "step_masks", real)
+    fresh_state()
+    return history, recipe.main(again)
+
+
 def fresh_state():
     from accelerate.state import AcceleratorState, GradientState
 

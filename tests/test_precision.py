@@ -17,6 +17,7 @@ from helpers import (
     REPO,
     fresh_state,
     inputs_for,
+    killed_and_resumed,
     labels_for,
     load_recipe,
     recipe_args,
@@ -247,22 +248,7 @@ def test_recipe_in_bf16_follows_the_fp32_loss_and_resumes_exactly(pretrain_setup
     # exact resume in bf16 (12 steps, checkpoints every 4, killed in step 10)
     args = recipe_args(pretrain_setup, tmp_path / "whole", "max_steps=12", "phase1_fraction=0.75", "save_steps=4",
                        "eval_fraction=0", "mixed_precision=bf16")
-    fresh_state()
-    whole = recipe.main(args)
-    killed = [a.replace(str(tmp_path / "whole"), str(tmp_path / "killed")) for a in args]
-    real = recipe.step_masks
-
-    def dies_at_step_10(collator, batch, seed, step, first, causal=False):
-        if step == 9:
-            raise KeyboardInterrupt
-        return real(collator, batch, seed, step, first, causal)
-    monkeypatch.setattr(recipe, "step_masks", dies_at_step_10)
-    fresh_state()
-    with pytest.raises(KeyboardInterrupt):
-        recipe.main(killed)
-    monkeypatch.setattr(recipe, "step_masks", real)
-    fresh_state()
-    resumed = recipe.main(killed)
+    whole, resumed = killed_and_resumed(recipe, args, tmp_path / "whole", tmp_path / "killed", monkeypatch)
     assert [h["step"] for h in resumed] == [9, 10, 11, 12]
     for a, b in zip(whole[-4:], resumed, strict=True):
         assert a["mlm_loss"] == pytest.approx(b["mlm_loss"], rel=1e-6, abs=1e-7)

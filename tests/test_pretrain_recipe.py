@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from bert_suite.pretraining.config import PretrainConfigError, load_pretrain_config
-from helpers import REPO, fresh_state, load_recipe, recipe_args, write_rte_like
+from helpers import REPO, fresh_state, killed_and_resumed, load_recipe, recipe_args, write_rte_like
 
 # -------------------------------------------------------------------------------------- config
 
@@ -97,25 +97,8 @@ def test_a_killed_run_resumes_exactly(pretrain_setup, tmp_path, monkeypatch):
     recipe = load_recipe()
     args = recipe_args(pretrain_setup, tmp_path / "whole", "max_steps=12", "phase1_fraction=0.75", "save_steps=4",
                        "eval_fraction=0")
-    fresh_state()
-    whole = recipe.main(args)
-
-    killed = [a.replace(str(tmp_path / "whole"), str(tmp_path / "killed")) for a in args]
-    real = recipe.step_masks
-
-    def dies_at_step_10(collator, batch, seed, step, first, causal=False):
-        if step == 9:  # after the checkpoint at step 8, in phase 2
-            raise KeyboardInterrupt
-        return real(collator, batch, seed, step, first, causal)
-
-    monkeypatch.setattr(recipe, "step_masks", dies_at_step_10)
-    fresh_state()
-    with pytest.raises(KeyboardInterrupt):
-        recipe.main(killed)
+    whole, resumed = killed_and_resumed(recipe, args, tmp_path / "whole", tmp_path / "killed", monkeypatch)
     assert sorted(p.name for p in (tmp_path / "killed" / "checkpoints").iterdir()) == ["step-4", "step-8"]
-    monkeypatch.setattr(recipe, "step_masks", real)
-    fresh_state()
-    resumed = recipe.main(killed)
     assert [h["step"] for h in resumed] == [9, 10, 11, 12]
     for a, b in zip(whole[-4:], resumed, strict=True):
         assert a["mlm_loss"] == pytest.approx(b["mlm_loss"], rel=1e-6, abs=1e-7)
