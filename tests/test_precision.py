@@ -104,6 +104,9 @@ def test_training_flags_keep_their_meaning_and_win_over_auto(cpu):
 def test_the_recipe_reads_mixed_precision_auto_and_refuses_fp16_on_a_cpu(cpu, monkeypatch):
     cpu(True)
     assert recipe_precision("auto", cpu=True) == ("bf16", Precision("bf16", "CPU has avx512_bf16"))
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "no")  # what `accelerate launch` with cpu.yaml sets: its
+    assert recipe_precision("auto", cpu=True)[0] == "bf16"  # default, not a choice, so the hardware decides
+    monkeypatch.delenv("ACCELERATE_MIXED_PRECISION")
     assert recipe_precision("no", cpu=True) == ("no", Precision("fp32", "mixed_precision=no"))
     cpu(False)
     assert recipe_precision("auto", cpu=True)[0] == "no"
