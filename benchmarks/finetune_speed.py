@@ -43,6 +43,7 @@ from bert_suite import runner  # noqa: E402
 from bert_suite.cards import load_card  # noqa: E402
 from bert_suite.configuration_bert_suite import BertSuiteConfig  # noqa: E402
 from bert_suite.modeling_bert_suite import BertSuiteForSequenceClassification  # noqa: E402
+from bert_suite.precision import Precision  # noqa: E402
 
 SIDES = ("ours", "stock")
 
@@ -142,11 +143,14 @@ def build(task, args, tmp, runs=None) -> SimpleNamespace:
                 raise RuntimeError(f"{run} model: weights missing from ours' state_dict: {keys.missing_keys}")
     collators = {"ours": runner.adapter_for(card).collator(tok), "stock": transformers.default_data_collator}
     kinds = {"ours": (runner.SuiteTrainer, {}), "stock": (transformers.Trainer, {"train_sampling_strategy": "random"})}
-    bf16 = {"bf16": {"bf16": True, "use_cpu": not torch.cuda.is_available()}, "fp32": {"bf16": False}}
+    def overrides(run):  # TrainingArguments' bf16 (and use_cpu, which bf16 needs without a GPU), as the runner sets them
+        values = {**OVERRIDES, **kinds[side_of(run)][1]}
+        runner.apply_precision(values, Precision(precision_of(run), "--precisions"))
+        return values
+
     trainers = {r: kinds[side_of(r)][0](
         model=models[r], data_collator=collators[side_of(r)], processing_class=tok,
-        args=runner.training_arguments(card, f"{tmp}/{task}-{r.replace(' ', '-')}",
-                                       {**OVERRIDES, **kinds[side_of(r)][1], **bf16[precision_of(r)]}),
+        args=runner.training_arguments(card, f"{tmp}/{task}-{r.replace(' ', '-')}", overrides(r)),
         train_dataset=feats[side_of(r)]["train"]) for r in runs}
     for trainer in trainers.values():
         trainer.remove_callback(transformers.PrinterCallback)  # quiet: no end-of-training metrics print

@@ -158,14 +158,14 @@ def _check_push(args: argparse.Namespace, card) -> None:
 
 def _finetune(args: argparse.Namespace, rest: list[str]) -> None:
     from .distributed import is_main_process
-    from .runner import prepare, train_and_evaluate, training_arguments, write_manifest
+    from .runner import prepare, train_and_evaluate, training_arguments, training_precision, write_manifest
 
     overrides = _training_overrides(rest)  # flags first: a typo must not wait on the network
     card = _load_card(args)
     _check_push(args, card)
     _needs_hub(args.model, _data_source(card, args.data_dir), args.tokenizer or args.model)
     output_dir = args.output_dir or f"runs/{card.name}"
-    precision = _precision(overrides, args, announce=False)
+    precision = training_precision(overrides, args.precision)  # sets TrainingArguments' bf16 in overrides
     card = _save_run_card(card, args, output_dir)
     training = training_arguments(card, output_dir, overrides)
     samples = {"train": args.max_train_samples, "eval": args.max_eval_samples}
@@ -183,18 +183,8 @@ def _finetune(args: argparse.Namespace, rest: list[str]) -> None:
     print(json.dumps({k: v for k, v in result["metrics"].items() if k.startswith("eval_")}, indent=2))
 
 
-def _precision(overrides: dict, args: argparse.Namespace, announce: bool = True):
-    """The run's precision (--precision and TrainingArguments' --bf16/--fp16), set in `overrides`; with
-    `announce`, its log line now (else the caller says it once the inputs have been read)."""
-    from .runner import training_precision
-
-    precision = training_precision(overrides, args.precision)
-    if announce:
-        _announce(precision)
-    return precision
-
-
 def _announce(precision) -> None:
+    """The run's precision line, once the inputs have been read (an input error comes alone)."""
     from .distributed import is_main_process
 
     if is_main_process():
@@ -208,6 +198,7 @@ GRID_AXES = {"learning_rate": "--learning_rates", "per_device_train_batch_size":
 
 def _grid(args: argparse.Namespace, rest: list[str]) -> None:
     from .grid import run_grid, search_space
+    from .runner import training_precision
 
     overrides = _training_overrides(rest)  # flags first: a typo must not wait on the network
     from .distributed import launched_processes
@@ -222,7 +213,8 @@ def _grid(args: argparse.Namespace, rest: list[str]) -> None:
     _check_push(args, card)
     _needs_hub(args.model, _data_source(card, args.data_dir), args.tokenizer or args.model)
     output_dir = args.output_dir or f"runs/{card.name}-grid"
-    precision = _precision(overrides, args)
+    precision = training_precision(overrides, args.precision)
+    _announce(precision)
     card = _save_run_card(card, args, output_dir)
     space = search_space(card, args.grid, learning_rate=args.learning_rates,
                          per_device_train_batch_size=args.batch_sizes, num_train_epochs=args.epochs, seed=args.seeds)
@@ -280,14 +272,14 @@ def card_info(card, args, metrics, training, grid_result=None, precision=None) -
 
 
 def _predict(args: argparse.Namespace, rest: list[str]) -> None:
-    from .runner import predict
+    from .runner import predict, training_precision
 
     card = _load_card(args)
     splits = card.test_splits if args.split == "test" else card.eval_splits if args.split == "dev" else [args.split]
     if not splits:
         raise ValueError(f"task {card.name} has no test split; predict new data with --test_file FILE")
     _needs_hub(args.model, _data_source(card, args.data_dir, splits))
-    precision = _precision({}, args, announce=False)  # said by predict once the data are read
+    precision = training_precision({}, args.precision)  # said by predict once the data are read
     settings = {}
     if args.null_score_diff_threshold is not None:
         settings["null_score_diff_threshold"] = args.null_score_diff_threshold

@@ -118,7 +118,8 @@ def explicit(name: str, reason: str, cpu: bool, expected: str = "bf16, fp32 or a
         raise PrecisionError(f"{reason} on a CPU: fp16 autocast on a CPU is not supported (CPUs have no fast fp16 "
                              f"matmul, and fp16 needs loss scaling); expected {expected}")
     if name == "bf16" and cpu and native_bf16_flag() is None:
-        warn_emulated(reason)
+        warnings.warn(f"{reason}: this CPU has no native bf16 (no avx512_bf16, AMX or Arm bf16 flag), so bf16 is "
+                      "emulated, several times slower than fp32; --precision auto picks fp32 here", stacklevel=3)
         reason += "; emulated: CPU has no native bf16"
     return Precision(name, reason)
 
@@ -162,8 +163,3 @@ def recipe_precision(value: str, cpu: bool) -> tuple[str, Precision]:
         return ("bf16" if chosen.bf16 else "no"), chosen
     return value, explicit(ACCELERATE_NAMES[value], source, cpu, "mixed_precision=bf16, no or auto")
 
-
-def warn_emulated(what: str) -> None:
-    """bf16 asked for on a CPU that emulates it: allowed (it is correct), but said to be slow."""
-    warnings.warn(f"{what}: this CPU has no native bf16 (no avx512_bf16, AMX or Arm bf16 flag), so bf16 is "
-                  "emulated, several times slower than fp32; --precision auto picks fp32 here", stacklevel=3)

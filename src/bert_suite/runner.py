@@ -364,7 +364,7 @@ def predict(card: TaskCard, model: str, split: str, data_dir: str | None, output
                        max_samples={"predict": max_samples})
     card = prepared.card  # its labels in the checkpoint's order
     net = load_model(card, model, prepared.max_seq_length)
-    values = {"use_cpu": needs_cpu_group()} if needs_cpu_group() else {}
+    values = {"use_cpu": True} if needs_cpu_group() else {}
     # bf16 autocast where the CPU has it (or as the run was trained); the heads' scores are fp32
     # either way (modeling_bert_suite.scores_in_fp32), so spans, tags and thresholds are decided on fp32
     precision = training_precision(values) if precision is None else apply_precision(values, precision)
