@@ -89,6 +89,18 @@ def run(args: argparse.Namespace, rest: list[str]) -> None:
     """Check the flags' values, then run the command `bert_suite_cli` parsed."""
     _check_flags(args)
     globals()[args.func](args, rest)
+    _leave_group()
+
+
+def _leave_group() -> None:
+    """In a launched group, wait until every process is done, then close the group: a process that
+    simply exits while another still writes (rank 0's predictions) tears gloo's threads down under it
+    and aborts ("terminate called without an active exception")."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 def _tasks(args: argparse.Namespace, rest: list[str]) -> None:
