@@ -347,15 +347,6 @@ def files_case(train: tuple[str, str | bytes], *extra: str, task: str | None = N
     return make
 
 
-def predict_labelled_test_file(tmp, env):
-    """A card-less fine-tune of 1 step writes the run folder (with its task_card.yaml); then `predict` with no
-    TASK on a test file that has labels."""
-    code = cli_main(files_case(("train.csv", OWN_CSV))(tmp, env))
-    assert code == 0 and (tmp / "run" / "task_card.yaml").is_file(), "the 1-step fine-tune of the run folder failed"
-    return ["predict", "--model", str(tmp / "run"), "--test_file", str(write(tmp / "test.csv", OWN_CSV)),
-            "--output_dir", str(tmp / "out"), "--max_seq_length", "32"]
-
-
 # ---------------------------------------------------------------------------------------------------- the cases
 
 
@@ -729,9 +720,11 @@ CASES = [
     Case("files-validation-label-unseen", "Data-file flags", "a validation file with a label the train file lacks",
          files_case(("train.csv", OWN_CSV), validation=("dev.csv", OWN_CSV + "the man looks,berry,maybe\n")),
          r"dev\.csv", r"row 3: label 'maybe'", r"does not occur in the train file \S*train\.csv \(labels: neg, pos\)"),
-    Case("files-test-file-with-labels", "Data-file flags", "`predict --model RUN --test_file test.csv` with a label "
-         "column", predict_labelled_test_file,
-         r"test\.csv", r"column 'label'", r"a test file with labels.*expected unlabelled rows"),
+    Case("files-test-label-unseen", "Data-file flags", "`finetune --test_file test.csv` whose labelled rows have a "
+         "label the train file lacks (a labelled test file is scored)",
+         lambda tmp, env: files_case(("train.csv", OWN_CSV), "--test_file", str(write(
+             tmp / "test.csv", OWN_CSV + "the man looks,berry,maybe\n")))(tmp, env),
+         r"test\.csv", r"row 3: label 'maybe'", r"does not occur in the train file \S*train\.csv \(labels: neg, pos\)"),
     Case("files-empty-file", "Data-file flags", "`--train_file` an empty file",
          files_case(("empty.csv", "")), r"empty\.csv", r"empty file", r"expected rows of text columns and a label column"),
     Case("files-header-only", "Data-file flags", "`--train_file` a CSV with a header and no rows",
@@ -767,10 +760,12 @@ CASES = [
          "integers", files_case(("ner.jsonl", '{"tokens": ["the", "man"], "ner_tags": [0, 1]}\n'), "--task_family",
                                 "ner", validation=("dev.jsonl", '{"tokens": ["the", "man"], "ner_tags": [0, 1]}\n')),
          r"ner\.jsonl", r"row 1: ner_tags holds class ids \(0\) without names", r"expected tag names"),
-    Case("files-finetune-test-file-with-labels", "Data-file flags", "`finetune --test_file test.csv` with a label "
-         "column (read before training)",
-         lambda tmp, env: files_case(("train.csv", OWN_CSV), "--test_file", str(write(tmp / "test.csv", OWN_CSV)))(
-             tmp, env), r"test\.csv", r"column 'label'", r"a test file with labels.*expected unlabelled rows"),
+    Case("files-test-label-type", "Data-file flags", "`finetune --test_file test.csv` whose labels are class ids "
+         "(numbers) where the train file has class names",
+         lambda tmp, env: files_case(("train.csv", OWN_CSV), "--test_file", str(write(
+             tmp / "test.csv", "sentence1,sentence2,label\nthe man,apple,0\nthe woman,berry,1\n")))(tmp, env),
+         r"test\.csv", r"holds numbers \(row 1: 0\)", r"has class names \(neg, pos\); expected labels of the train "
+         r"file's type"),
     Case("files-test-file-missing", "Data-file flags", "`finetune --test_file missing.csv` (no such file)",
          files_case(("train.csv", OWN_CSV), "--test_file", "missing.csv"),
          r"missing\.csv", r"--test_file", r"file not found"),

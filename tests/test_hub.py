@@ -75,6 +75,17 @@ def test_card_body_has_hyperparameters_results_grid_usage_and_citation():
     assert "@article{devlin2018bert" in body and "arXiv:1810.04805" in body
 
 
+def test_a_labelled_test_set_gets_its_own_section_and_stays_out_of_the_dev_results():
+    card = model_card(info(test_metrics={"test_accuracy": 0.685, "test_f1": 0.75, "test_runtime": 2.0}))
+    body = card.split("---\n", 2)[2]
+    dev, test = body.split("## Test results (labelled test set)")
+    assert "| accuracy | 68.50 |" in test and "| f1 | 75.00 |" in test and "runtime" not in test
+    assert "68.50" not in dev and "played no part in any choice" in test
+    metrics = front_matter(card)["model-index"][0]["results"][0]["metrics"]
+    assert {m["type"]: m["value"] for m in metrics} == {"accuracy": 0.71, "f1": 0.8}  # dev only
+    assert "Test results" not in model_card(info())
+
+
 @pytest.mark.parametrize("key", hub.REQUIRED_INFO)
 def test_missing_required_key_is_named(key):
     broken = info()

@@ -435,3 +435,9 @@ def test_tiny_model_learns_entities_with_document_windows_and_predicts_a_test_fi
     test_lines = [line for line in (data / "test.txt").read_text().split("\n") if line and "DOCSTART" not in line]
     assert len(words) == len(test_lines) and [w[0] for w in words] == [line.split()[0] for line in test_lines]
     assert lines.count("-DOCSTART- O O") == 10
+    # test.txt has gold tags, so it is scored: the entity F1 of the very file written
+    scored = json.loads((tmp_path / "pred" / "predictions" / "test_results.json").read_text())
+    sentences = [list(group) for blank, group in itertools.groupby(lines, key=lambda x: x == "" or
+                                                                   x.startswith("-DOCSTART-")) if not blank]
+    written = ner.ner_scores([[x.split()[1] for x in s] for s in sentences], [[x.split()[2] for x in s] for s in sentences])
+    assert scored["f1"] == pytest.approx(written["f1"]) and scored["f1"] > 0.6

@@ -120,6 +120,42 @@ def test_cardless_csv_classification_learns_saves_its_card_and_predict_reads_it_
     assert json.loads((again / "run_manifest.json").read_text())["max_samples"] == {"train": 50, "eval": 30}
 
 
+def test_labelled_test_file_is_scored_by_finetune_and_by_the_grids_best_trial(tmp_path, vocab, capsys):
+    """A test file with labels (the usual way to keep a test set) is predicted and scored: test_<metric> in
+    all_results.json, computed on the predictions written; the grid scores its best trial only, after the
+    choice on dev, and says so in its report."""
+    rng = random.Random(5)
+    train = write_csv(tmp_path / "train.csv", sentiment_rows(600, rng))
+    dev = write_csv(tmp_path / "dev.csv", sentiment_rows(200, rng))
+    test = write_csv(tmp_path / "test.csv", sentiment_rows(120, rng))
+    out = tmp_path / "run"
+    assert cli_main(["finetune", "--train_file", str(train), "--validation_file", str(dev), "--test_file", str(test),
+                     *train_flags(vocab, out)]) == 0
+    printed = capsys.readouterr().out
+    results = json.loads((out / "all_results.json").read_text())
+    assert results["test_accuracy"] > 0.9 and "test_f1" in results and "eval_accuracy" in results  # chance: 0.5
+    assert '"test_accuracy"' in printed
+    lines = (out / "predictions" / "test.tsv").read_text().splitlines()[1:]
+    truth = [row["label"] for row in csv.DictReader(test.open())]
+    written = sum(line.split("\t")[1] == t for line, t in zip(lines, truth, strict=True)) / len(truth)
+    assert results["test_accuracy"] == pytest.approx(written)
+    assert json.loads((out / "predictions" / "test_results.json").read_text())["accuracy"] == results["test_accuracy"]
+
+    grid = tmp_path / "grid"
+    assert cli_main(["grid", "--train_file", str(train), "--validation_file", str(dev), "--test_file", str(dev),
+                     "--model", "preset:tiny", "--tokenizer", str(vocab), "--output_dir", str(grid),
+                     "--disable_tqdm", "true", "--max_seq_length", "32", "--learning_rates", "1e-3", "3e-5",
+                     "--batch_sizes", "16", "--epochs", "2"]) == 0
+    best = json.loads((grid / "best_trial.json").read_text())
+    # the test file is the dev file here: the best trial's test score is its dev score, to the digit
+    assert best["test_metrics"]["test_accuracy"] == pytest.approx(best["metrics"]["eval_accuracy"])
+    assert json.loads((grid / "best" / "all_results.json").read_text())["test_accuracy"] == \
+        best["test_metrics"]["test_accuracy"]
+    report = (grid / "grid_results.md").read_text()
+    assert "## Test set (best trial only)" in report and f"Trial {best['trial']}, chosen on dev" in report
+    assert f"| accuracy | {100 * best['test_metrics']['test_accuracy']:.2f} |" in report
+
+
 def test_cardless_jsonl_regression_learns(tmp_path, vocab, capsys):
     rng = random.Random(1)
     train = write_jsonl(tmp_path / "scores_train.jsonl", score_rows(500, rng))

@@ -135,6 +135,13 @@ def test_v2_threshold_is_chosen_on_dev_saved_and_applied_by_predict(tmp_path, ca
                      "--null_score_diff_threshold", "1e9"]) == 0
     never_null = json.loads((tmp_path / "pred" / "predictions" / "dev" / "predictions.json").read_text())
     assert sum(text == "" for text in never_null.values()) < sum(text == "" for text in applied.values())
+    # a labelled test file (the dev file again) is scored at the saved tau, not at a threshold searched on it:
+    # tau reproduces dev's best F1, and no best_* key is reported
+    assert cli_main(["predict", "squad_v2", "--model", str(out), "--test_file", str(data / "dev.json"),
+                     "--output_dir", str(tmp_path / "test")]) == 0
+    scored = json.loads((tmp_path / "test" / "predictions" / "test_results.json").read_text())
+    assert scored["f1"] == pytest.approx(results["eval_best_f1"]) and scored["NoAns_total"] > 0
+    assert not [k for k in scored if k.startswith("best_")]
 
 
 def test_threshold_reproduces_the_best_f1_when_answering_nothing_is_best():

@@ -296,3 +296,10 @@ def test_tiny_model_learns_a_swag_like_task_and_predicts_test(tmp_path, report):
         test = list(csv.reader(f))
     assert test[0] == ["idx", "prediction"] and [r[0] for r in test[1:]] == [str(i) for i in range(30)]
     assert {r[1] for r in test[1:]} <= {"0", "1", "2", "3"}
+    assert not (tmp_path / "pred" / "predictions" / "test_results.json").exists()  # unlabelled: nothing to score
+
+    # a labelled test file (here the dev file again) is predicted and scored: the dev score, to the digit
+    assert cli_main(["predict", str(card_path), "--model", str(out), "--test_file", str(data / "dev_split.csv"),
+                     "--output_dir", str(tmp_path / "labelled")]) == 0
+    scored = json.loads((tmp_path / "labelled" / "predictions" / "test_results.json").read_text())
+    assert scored == {"accuracy": pytest.approx(results["eval_accuracy"])}

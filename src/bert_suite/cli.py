@@ -187,12 +187,14 @@ def _finetune(args: argparse.Namespace, rest: list[str]) -> None:
     result = train_and_evaluate(prepared, args.model, training)
     write_manifest(Path(output_dir) / "run_manifest.json", prepared, args.model, args.data_dir, training,
                    {"max_samples": samples, **precision.record()})
-    _predict_test_files(card, output_dir, args, precision)
+    test_scores = _predict_test_files(card, output_dir, args, precision)
+    _record_test_scores(output_dir, test_scores)
     if not is_main_process():
         return
     if args.push_to_hub:
-        _push(card, output_dir, args, result["metrics"], training, precision=precision)
-    print(json.dumps({k: v for k, v in result["metrics"].items() if k.startswith("eval_")}, indent=2))
+        _push(card, output_dir, args, result["metrics"], training, precision=precision, test_scores=test_scores)
+    print(json.dumps({k: v for k, v in {**result["metrics"], **test_scores}.items()
+                      if k.startswith(("eval_", "test_"))}, indent=2))
 
 
 def _announce(precision) -> None:
@@ -236,36 +238,71 @@ def _grid(args: argparse.Namespace, rest: list[str]) -> None:
                       heartbeat_interval=args.heartbeat_interval, grace_period=args.grace_period,
                       name=args.study_name, precision=precision)
     print(Path(result["files"]["grid_results.md"]).read_text() if "grid_results.md" in result["files"] else result)
+    test_scores = {}
     if result["best"] is not None:
-        _predict_test_files(card, str(Path(output_dir) / "best"), args, precision)
+        test_scores = _predict_test_files(card, str(Path(output_dir) / "best"), args, precision)
+        _record_grid_test_scores(Path(output_dir), result, test_scores)
     if args.push_to_hub and result["best"] is not None:
-        _push(card, str(Path(output_dir) / "best"), args, result["best"]["metrics"], None, result, precision)
+        _push(card, str(Path(output_dir) / "best"), args, result["best"]["metrics"], None, result, precision,
+              test_scores)
 
 
-def _predict_test_files(card, model_dir: str, args: argparse.Namespace, precision=None) -> None:
+def _record_grid_test_scores(out: Path, result: dict, scores: dict) -> None:
+    """A labelled test set's scores for the grid's best trial: in best/all_results.json, best_trial.json
+    (`test_metrics`) and a section of grid_results.md, marked as test: scored once, after the choice."""
+    from .report import test_section
+
+    if not scores:
+        return
+    _record_test_scores(out / "best", scores)
+    result["best"]["test_metrics"] = scores
+    atomic_write_text(out / "best_trial.json", json.dumps(result["best"], indent=2, default=float))
+    report = Path(result["files"].get("grid_results.md", out / "grid_results.md"))
+    if report.is_file():
+        atomic_write_text(report, report.read_text().rstrip("\n") + "\n\n" + test_section(result["best"], scores))
+        print(test_section(result["best"], scores))
+
+
+def _predict_test_files(card, model_dir: str, args: argparse.Namespace, precision=None) -> dict:
     """--test_file on finetune/grid: predict it with the trained (grid: best) checkpoint, as the example
-    scripts' --do_predict; the files go to the checkpoint folder's predictions/."""
+    scripts' --do_predict; the files go to the checkpoint folder's predictions/. A labelled test file is
+    scored: returns its metrics as test_<metric> (empty when no test file has labels)."""
     from .distributed import is_main_process
-    from .runner import predict
+    from .runner import predict, test_metrics_prefix
 
+    scores = {}
     for split in card.test_splits:
         if card.splits[split].data_file:
-            path = predict(card, model_dir, split, None, model_dir, args.tokenizer, max_seq_length=args.max_seq_length,
+            done = predict(card, model_dir, split, None, model_dir, args.tokenizer, max_seq_length=args.max_seq_length,
                            precision=precision)
+            prefix = test_metrics_prefix(card, split)
+            scores.update({f"{prefix}_{k}": v for k, v in done.scores.items()})
             if is_main_process():
-                print(f"wrote {path}")
+                print(f"wrote {done.path}")
+    return scores
 
 
-def _push(card, folder, args, metrics, training, grid_result=None, precision=None) -> None:
+def _record_test_scores(folder: str | Path, scores: dict) -> None:
+    """Add a labelled test set's scores to the run's all_results.json (beside the eval_ metrics)."""
+    from .distributed import is_main_process
+
+    path = Path(folder) / "all_results.json"
+    if scores and is_main_process():
+        results = json.loads(path.read_text()) if path.is_file() else {}
+        atomic_write_text(path, json.dumps({**results, **scores}, indent=2, sort_keys=True))
+
+
+def _push(card, folder, args, metrics, training, grid_result=None, precision=None, test_scores=None) -> None:
     from .hub import model_card, push_to_hub
 
-    info = card_info(card, args, metrics, training, grid_result, precision)
+    info = card_info(card, args, metrics, training, grid_result, precision, test_scores)
     atomic_write_text(Path(folder) / "README.md", model_card(info))
     print(f"pushed to {push_to_hub(folder, args.hub_model_id)}")
 
 
-def card_info(card, args, metrics, training, grid_result=None, precision=None) -> dict:
-    """What the model card of a finetune run or a grid's best trial says (hub.model_card's `info`)."""
+def card_info(card, args, metrics, training, grid_result=None, precision=None, test_scores=None) -> dict:
+    """What the model card of a finetune run or a grid's best trial says (hub.model_card's `info`);
+    `test_scores` (test_<metric>) of a labelled test set go in a section of their own."""
     best = (grid_result or {}).get("best") or {}
     hparams = {k: best.get(k, getattr(training, k, None)) for k in
                ("learning_rate", "per_device_train_batch_size", "num_train_epochs", "seed")}
@@ -278,6 +315,8 @@ def card_info(card, args, metrics, training, grid_result=None, precision=None) -
             "dataset": {"id": card.hub["path"], "config": card.hub.get("name"), "split": card.eval_splits[0]},
             "dev_metrics": metrics, "hyperparameters": hparams,
             "seeds": sorted({r["seed"] for r in (grid_result or {}).get("records", [])}) or [hparams["seed"]]}
+    if test_scores:
+        info["test_metrics"] = dict(test_scores)
     if grid_result and "grid_results.md" in grid_result["files"]:
         info["grid"] = Path(grid_result["files"]["grid_results.md"]).read_text()
     return info
@@ -298,11 +337,13 @@ def _predict(args: argparse.Namespace, rest: list[str]) -> None:
     for number, split in enumerate(splits):
         if split not in card.splits:
             raise ValueError(f"task {card.name} has no split {split!r} (splits: {', '.join(card.splits)})")
-        path = predict(card, args.model, split, args.data_dir, args.output_dir or args.model, args.tokenizer,
+        done = predict(card, args.model, split, args.data_dir, args.output_dir or args.model, args.tokenizer,
                        settings=settings, max_seq_length=args.max_seq_length,
                        options={"context": args.context} if args.context else None,
                        max_samples=args.max_predict_samples, precision=precision, announce=number == 0)
-        print(f"wrote {path}")
+        print(f"wrote {done.path}")
+        if done.scores:  # the split had gold labels
+            print(json.dumps({f"{split}_{k}": v for k, v in done.scores.items()}, indent=2))
 
 
 def _score(args: argparse.Namespace, rest: list[str]) -> None:

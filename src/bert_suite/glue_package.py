@@ -200,7 +200,7 @@ def package(run_dirs: list[str], output_dir: str, glue_root: str | None = None,
             elif run.card.name == name and (found := _find_predictions(run, split)):
                 path, source = found, str(found)
             else:
-                path = predict(card, str(run.model_dir), split, data_dir, str(work / name), tokenizer)
+                path = predict(card, str(run.model_dir), split, data_dir, str(work / name), tokenizer).path
                 source = f"predicted with {run.model_dir}"
             checks[spec.server_file] = {"task": name, "split": split, "source": source,
                                         **check_rows(path, card, split, data_dir, expected)}

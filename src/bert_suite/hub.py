@@ -123,6 +123,12 @@ def model_card(info: dict) -> str:
         "Scores are percentages; the paper's GLUE tables report test-set scores, so compare with care.",
         _table(("metric", "value"), results),
     ]
+    tests = {k: float(v) for k, v in (info.get("test_metrics") or {}).items() if not any(m in k for m in _NOT_METRICS)}
+    if tests:  # a labelled test set, scored once with the model chosen on dev
+        parts += ["## Test results (labelled test set)",
+                  "Scored once, with the model chosen on dev; the test set played no part in any choice.",
+                  _table(("metric", "value"), [(k.removeprefix("test_"), f"{100 * v:.2f}" if "loss" not in k else f"{v:.4f}")
+                                               for k, v in tests.items()])]
     if info.get("grid"):
         parts += ["## Grid search", _demote_headings(info["grid"])]
     parts += [

@@ -72,7 +72,8 @@ def card_from_files(train_file: str, validation_file: str, test_file: str | None
     """The card of a task given only by its files (see the module docstring). Prints one line saying what
     it found (columns, labels, metric) so a wrong guess is seen at once."""
     if family == "classification":
-        card = _classification_card(Path(train_file), Path(validation_file), text_columns, label_column)
+        card = _classification_card(Path(train_file), Path(validation_file), text_columns, label_column,
+                                    Path(test_file) if test_file else None)
     else:
         if text_columns or label_column:
             if family != "multiple_choice":
@@ -104,11 +105,11 @@ _TEXT_TYPES = ("string", "large_string")
 
 
 def _classification_card(train: Path, validation: Path, text_columns: list[str] | None,
-                         label_column: str | None) -> TaskCard:
+                         label_column: str | None, test: Path | None = None) -> TaskCard:
     from .adapters.classification import FILE_EXTENSIONS
 
     expected = "a CSV, TSV, JSON, JSON Lines or Parquet file"
-    for path in (train, validation):
+    for path in (train, validation, *([test] if test else [])):
         check_extension(path, FILE_EXTENSIONS, "classification", expected)
     label = label_column or "label"
     table = read_data_file(train, "rows of text columns and a label column")
@@ -125,6 +126,10 @@ def _classification_card(train: Path, validation: Path, text_columns: list[str] 
     dev = read_data_file(validation, "rows with the same columns as the train file")
     check_columns(dev, validation, [*texts, label], "the train file's text and label columns")
     _check_dev_labels(dev[label], validation, train, label, labels)
+    if test is not None and test.is_file():  # scored when labelled: train's kind and classes (missing: later error)
+        table = read_data_file(test, "rows with the train file's text columns (and, to be scored, its label column)")
+        if label in table.column_names:
+            _check_dev_labels(table[label], test, train, label, labels)
     if regression:
         metric, select = "pearson_spearman", "spearmanr"
     else:
@@ -206,6 +211,10 @@ def _check_dev_labels(values, validation: Path, train: Path, label: str, labels:
             raise DataError(f"{validation}: column {label!r} holds text, but the train file {train} has float "
                             "scores (regression); expected scores")
         return
+    if kind == "number" and not all(_NUMBER.fullmatch(name) for name in labels):
+        first = next(iter(values))
+        raise DataError(f"{validation}: column {label!r} holds numbers (row 1: {first!r}), but the train file {train} "
+                        f"has class names ({', '.join(labels)}); expected labels of the train file's type")
     known = set(labels)
     for row, value in enumerate(values, start=1):
         if label_text(value) not in known:

@@ -83,6 +83,14 @@ def _columns(metric_keys: list[str]) -> list[str]:
     return ["trial", *REQUIRED_KEYS[1:], *metric_keys, "train_runtime", "best", "error"]
 
 
+def test_section(best: dict, scores: dict[str, float]) -> str:
+    """The grid report's section for a labelled test set, scored once with the best trial (chosen on dev)."""
+    rows = [[key.removeprefix("test_"), _fmt(value, _is_score(key))] for key, value in sorted(scores.items())]
+    return "\n".join(["## Test set (best trial only)", "",
+                      f"Trial {best['trial']}, chosen on dev, scored once on the labelled test set; the test scores "
+                      "played no part in the choice.", "", *_md_table(["metric (test)", "value"], rows), ""])
+
+
 def _markdown(trials, metric, task, metric_keys, best, paper, plot_note) -> str:
     lines = [f"# Grid search: {task}", "", f"Selection metric: `{metric}` (dev set, higher is better).", ""]
     if not trials:

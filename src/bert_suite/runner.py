@@ -30,7 +30,7 @@ from transformers import Trainer, TrainerCallback, TrainingArguments
 from transformers.trainer_utils import get_last_checkpoint
 
 from . import __version__, adapters
-from .adapters import TaskAdapter
+from .adapters import TaskAdapter, split_file_stem
 from .cards import CARD_FILE, TaskCard, save_card
 from .configuration_bert_suite import BertSuiteConfig
 from .distributed import is_main_process, launched_processes, needs_cpu_group
@@ -350,11 +350,13 @@ def train_and_evaluate(prepared: Prepared, model_name: str, args: TrainingArgume
 def predict(card: TaskCard, model: str, split: str, data_dir: str | None, output_dir: str,
             tokenizer: str | None = None, batch_size: int = 64, settings: dict | None = None,
             max_seq_length: int | None = None, options: dict | None = None,
-            max_samples: int | None = None, precision: Precision | None = None, announce: bool = False) -> Path:
+            max_samples: int | None = None, precision: Precision | None = None, announce: bool = False
+            ) -> Predicted:
     """Predict one split with a fine-tuned checkpoint, applying the settings it carries (card
     options, max_seq_length, the SQuAD v2 null threshold chosen on dev); `settings`, `options`
     and `max_seq_length` override them. Writes the task's prediction files under
-    output_dir/predictions and returns the main one."""
+    output_dir/predictions; a split with gold labels (a labelled test file) is scored too, its
+    scores written beside them as <split>_results.json. Returns the main file and the scores."""
     adapter = adapter_for(card)
     saved = load_task_settings(model)
     # The card options and length the model was trained with, unless given now (e.g. --context).
@@ -377,10 +379,30 @@ def predict(card: TaskCard, model: str, split: str, data_dir: str | None, output
     labels = [c for c in LABEL_COLUMNS if c in data.column_names]
     result = trainer.predict(data.remove_columns(labels))
     chosen = {**saved, **(settings or {})}
+    folder = Path(output_dir) / "predictions"
+    scores = adapter.score_predictions(card, prepared.raw[split], data, result.predictions, chosen)
     if is_main_process():
-        adapter.write_outputs(Path(output_dir) / "predictions", card, split, prepared.raw[split], data,
-                              result.predictions, chosen)
-    return adapter.output_path(Path(output_dir) / "predictions", card, split)
+        adapter.write_outputs(folder, card, split, prepared.raw[split], data, result.predictions, chosen)
+        if scores:
+            atomic_write_text(folder / f"{split_file_stem(split)}_results.json",
+                              json.dumps(scores, indent=2, sort_keys=True))
+    return Predicted(adapter.output_path(folder, card, split), scores)
+
+
+@dataclass
+class Predicted:
+    """What `predict` wrote (the split's main prediction file) and its scores ({} for unlabelled data)."""
+
+    path: Path
+    scores: dict
+
+
+def test_metrics_prefix(card: TaskCard, split: str) -> str:
+    """Where a test split's scores go among a run's metrics: `test` (test_accuracy) for a card's only test
+    split; with several, the split's name (test_matched_accuracy), prefixed with test_ if it lacks it."""
+    if len(card.test_splits) <= 1:
+        return "test"
+    return split if split.startswith("test") else f"test_{split}"
 
 
 def labels_of_checkpoint(card: TaskCard, model: str, strict: bool) -> TaskCard:

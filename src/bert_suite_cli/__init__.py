@@ -105,7 +105,7 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
 
 def _add_file_flags(p: argparse.ArgumentParser, *roles: str) -> None:
     what = {"train": "training data", "validation": "dev data (metrics, model selection)",
-            "test": "data to predict (unlabelled)"}
+            "test": "data to predict; with labels, scored too (test_<metric>)"}
     for role in roles:
         p.add_argument(f"--{role}_file", metavar="FILE",
                        help=f"{what[role]}: CSV, TSV, JSON, JSON Lines or Parquet (or the family's own format: "

@@ -60,6 +60,10 @@ class TaskAdapter(Protocol):
     def metric_fn(self, card: TaskCard, examples, features):
         """A compute_metrics function for Trainer, scoring one split's predictions with the card's metric."""
 
+    def score_predictions(self, card: TaskCard, examples, features, predictions, settings: dict) -> dict:
+        """The card's metrics on a predicted split whose examples carry gold labels (a labelled test file),
+        with the settings chosen on dev applied; {} for unlabelled data."""
+
     def output_path(self, directory: Path, card: TaskCard, split: str) -> Path:
         """The main prediction file that `write_outputs` writes for a split (what `predict` returns)."""
 

@@ -50,6 +50,9 @@ def read_tsv_split(card: TaskCard, split: str, path: Path, skip_bad_rows: bool =
                             f"{', '.join(map(str, spec.columns.values()))} (found: {', '.join(header)})")
         positions = {name: header.index(col) for name, col in spec.columns.items()}
         width = len(header)
+        gold = _test_label_column(card, split)  # a labelled test file in the train split's layout is scored
+        if gold is not None and card.label_column not in positions and gold in header:
+            positions[card.label_column] = header.index(gold)
     else:
         positions = dict(spec.columns)
         width = None
@@ -106,6 +109,15 @@ def read_tsv_split(card: TaskCard, split: str, path: Path, skip_bad_rows: bool =
     return datasets.Dataset.from_dict(columns), skipped
 
 
+def _test_label_column(card: TaskCard, split: str) -> str | None:
+    """For a test split: the label's column name in the train split's layout (a TSV test file with that
+    column is labelled), else None."""
+    if split not in card.test_splits or card.train_split not in card.splits:
+        return None
+    name = card.splits[card.train_split].columns.get(card.label_column, card.label_column)
+    return name if isinstance(name, str) else None
+
+
 FILE_EXTENSIONS = (".csv", ".tsv", ".json", ".jsonl", ".parquet")
 
 
@@ -113,7 +125,7 @@ def read_file_split(card: TaskCard, split: str, path: Path, skip_bad_rows: bool 
                     ) -> tuple[datasets.Dataset, int]:
     """One split from a data file: a TSV laid out as the card's split says (the GLUE files), or any
     CSV/TSV/JSON/JSON Lines/Parquet file whose columns are the card's text and label columns (or the
-    names the card's split maps them to). Test files must not have labels. Returns the dataset in the
+    names the card's split maps them to). A test file with labels is scored. Returns the dataset in the
     layout of `read_tsv_split` and the number of rows skipped."""
     spec = card.splits[split]
     suffix = check_extension(path, FILE_EXTENSIONS, "classification", "a CSV, TSV, JSON, JSON Lines or Parquet file")
@@ -124,10 +136,7 @@ def read_file_split(card: TaskCard, split: str, path: Path, skip_bad_rows: bool 
     table = read_data_file(path, expected)
     columns = {name: name if name in table.column_names or not isinstance(spec.columns.get(name), str)
                else spec.columns[name] for name in [*card.text_columns, card.label_column]}
-    labelled = split not in card.test_splits
-    if not labelled and columns[card.label_column] in table.column_names:
-        raise DataError(f"{path}: a test file with labels (column {columns[card.label_column]!r}); expected "
-                        "unlabelled rows to predict (pass labelled data as --validation_file)")
+    labelled = split not in card.test_splits or columns[card.label_column] in table.column_names
     wanted = [columns[c] for c in card.text_columns] + ([columns[card.label_column]] if labelled else [])
     check_columns(table, path, wanted, "the task's text" + (" and label columns" if labelled else " columns"))
     values = table.select_columns(wanted).to_dict()
@@ -252,6 +261,13 @@ def metric_fn(card: TaskCard, examples=None, features=None):
         return compute_metrics(card, postprocess(card, eval_pred.predictions), np.asarray(eval_pred.label_ids))
 
     return compute
+
+
+def score_predictions(card: TaskCard, examples, features, predictions, settings: dict) -> dict[str, float]:
+    """The card's metrics on a predicted split whose rows have labels (a labelled test file); {} without."""
+    if "label" not in features.column_names:
+        return {}
+    return compute_metrics(card, postprocess(card, predictions), np.asarray(features["label"]))
 
 
 def output_path(directory: Path, card: TaskCard, split: str) -> Path:

@@ -61,9 +61,18 @@ def endings(card: TaskCard) -> list[str]:
     return names
 
 
-def is_labelled(card: TaskCard, split: str) -> bool:
-    """Test splits are unlabelled (SWAG's test.csv has no label column); every other split has labels."""
-    return split not in card.test_splits
+def is_labelled(card: TaskCard, split: str, path: Path | None = None) -> bool:
+    """Every split but a test split has labels. A test split (SWAG's test.csv has no label column) is
+    labelled, and then scored, when its file `path` has the label column."""
+    if split not in card.test_splits:
+        return True
+    if path is None:
+        return False
+    label = str(card.splits[split].columns.get(card.label_column, card.label_column))
+    if path.suffix.lower() == ".csv":
+        header = next(csv.reader(io.StringIO(read_text(path, "the official SWAG CSV"), newline="")), [])
+        return label in header
+    return label in read_data_file(path, "multiple-choice records").column_names
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -196,21 +205,12 @@ FILE_EXTENSIONS = (".csv", ".json", ".jsonl", ".parquet")
 def file_records(card: TaskCard, split: str, path: Path, labelled: bool) -> Iterator[Record]:
     """Records of a data file: a CSV in the official SWAG layout (its own reader: SWAG text holds quotes and
     line breaks), or JSON, JSON Lines or Parquet records with the same columns (the Hub layout). A test
-    file must not have labels."""
+    file may have labels (then it is scored: `is_labelled`)."""
     suffix = check_extension(path, FILE_EXTENSIONS, "multiple_choice",
                              "the SWAG CSV layout, or the same columns as JSON, JSON Lines or Parquet records")
-    label = str(card.splits[split].columns.get(card.label_column, card.label_column))
-    if suffix == ".csv":
-        header = next(csv.reader(io.StringIO(read_text(path, "the official SWAG CSV"), newline="")), [])
-        columns = header
-    else:
-        table = read_data_file(path, f"records with the columns {', '.join(required_columns(card, labelled))}")
-        columns = table.column_names
-    if not labelled and label in columns:
-        raise DataError(f"{path}: a test file with labels (column {label!r}); expected unlabelled rows to predict "
-                        "(pass labelled data as --validation_file)")
     if suffix == ".csv":
         return csv_records(path, card, split, labelled)
+    table = read_data_file(path, f"records with the columns {', '.join(required_columns(card, labelled))}")
     return hub_records(table, str(path), card, labelled)
 
 
@@ -223,6 +223,9 @@ def load_split(card: TaskCard, split: str, data_dir: str | Path | None = None,
     data_file = data_file_of(card, split)
     if data_file is not None:
         source = str(data_file)
+        check_extension(data_file, FILE_EXTENSIONS, "multiple_choice",
+                        "the SWAG CSV layout, or the same columns as JSON, JSON Lines or Parquet records")
+        labelled = is_labelled(card, split, Path(data_file))
         records = file_records(card, split, data_file, labelled)
     elif data_dir is not None:
         path = Path(data_dir)
@@ -234,6 +237,7 @@ def load_split(card: TaskCard, split: str, data_dir: str | Path | None = None,
             raise DataError(f"{path}: file not found (split {split!r} of task {card.name!r}; expected the "
                             "official SWAG CSV)")
         source = str(path)
+        labelled = is_labelled(card, split, path)
         records = csv_records(path, card, split, labelled)
     else:
         hub, source = load_hub_split(card, split, "the official CSV files (train.csv, val.csv, test.csv)")
@@ -317,6 +321,13 @@ def metric_fn(card: TaskCard, examples=None, features=None):
         return {"accuracy": float(np.mean(chosen == np.asarray(eval_pred.label_ids).reshape(-1)))}
 
     return compute
+
+
+def score_predictions(card: TaskCard, examples, features, predictions, settings: dict) -> dict[str, float]:
+    """Accuracy on a predicted split whose examples have labels (a labelled test file); {} without."""
+    if "labels" not in features.column_names:
+        return {}
+    return {"accuracy": float(np.mean(postprocess(predictions) == np.asarray(features["labels"]).reshape(-1)))}
 
 
 def output_path(directory: Path, card: TaskCard, split: str) -> Path:

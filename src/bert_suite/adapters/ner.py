@@ -47,6 +47,7 @@ import datasets
 import numpy as np
 import pyarrow as pa
 import torch
+from transformers import EvalPrediction
 
 from ..cards import TaskCard
 from ..io import atomic_write_text
@@ -799,6 +800,11 @@ def metric_fn(card: TaskCard, examples, features):
         return ner_scores(gold, _tag_strings(card, word_predictions(examples, features, eval_pred.predictions)))
 
     return compute
+
+
+def score_predictions(card: TaskCard, examples, features, predictions, settings: dict) -> dict[str, float]:
+    """Entity scores of a predicted split with gold tags (CoNLL's test.txt); {} for data without tags."""
+    return metric_fn(card, examples, features)(EvalPrediction(predictions=predictions, label_ids=None))
 
 
 def output_path(directory: Path, card: TaskCard, split: str) -> Path:

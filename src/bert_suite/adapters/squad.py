@@ -685,6 +685,24 @@ def metric_fn(card: TaskCard, examples, features):
     return compute
 
 
+def score_predictions(card: TaskCard, examples, features, predictions, settings: dict) -> dict[str, float]:
+    """Official-equivalent scores (fractions) of a predicted split with answers (a labelled test file); {}
+    without. v2 applies the null threshold chosen on dev (`settings`), as the prediction files do: no
+    threshold is searched on the split scored."""
+    if not any(len(a["text"]) for a in examples["answers"]):
+        return {}
+    result = _result(card, examples, features, predictions)
+    gold = scorer.gold_from_examples(examples.select_columns(["id", "answers"]))
+    quiet = lambda message: None  # noqa: E731
+    if squad_options(card)["version_2_with_negative"]:
+        raw = scorer.evaluate_v2(gold, result["best_non_null"], result["null_odds"],
+                                 na_prob_thresh=float(settings.get(THRESHOLD_KEY, 0.0)), warn=quiet)
+        raw = {k: v for k, v in raw.items() if not k.startswith("best_")}
+    else:
+        raw = scorer.evaluate_v1([g for g in gold if g["answers"]], result["predictions"], warn=quiet)
+    return {k: (v if k.endswith(("thresh", "total")) else v / 100.0) for k, v in raw.items()}
+
+
 def output_path(directory: Path, card: TaskCard, split: str) -> Path:
     return Path(directory) / split_file_stem(split) / "predictions.json"
 
