@@ -20,7 +20,7 @@ $(BIN)/python:
 
 $(STAMP): pyproject.toml constraints.txt | $(BIN)/python
 	$(BIN)/python -m pip install --quiet $(TORCH_INDEX) "$(TORCH_SPEC)"
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[dev,postgres]"
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[dev,postgres,onnx]"
 	touch $(STAMP)
 
 install: $(STAMP)  ## the .venv (torch pinned, CPU build), once

@@ -178,23 +178,39 @@ def _finetune(args: argparse.Namespace, rest: list[str]) -> None:
     _needs_hub(args.model, _data_source(card, args.data_dir), args.tokenizer or args.model)
     output_dir = args.output_dir or f"runs/{card.name}"
     precision = training_precision(overrides, args.precision)  # sets TrainingArguments' bf16 in overrides
+    lora = _lora(args)
     card = _save_run_card(card, args, output_dir)
     training = training_arguments(card, output_dir, overrides)
     samples = {"train": args.max_train_samples, "eval": args.max_eval_samples}
     prepared = prepare(card, args.model, args.data_dir, args.tokenizer, args.max_seq_length,
                        skip_bad_rows=args.skip_bad_rows, max_samples=samples)
     _announce(precision)
-    result = train_and_evaluate(prepared, args.model, training)
+    result = train_and_evaluate(prepared, args.model, training, lora=lora)
     write_manifest(Path(output_dir) / "run_manifest.json", prepared, args.model, args.data_dir, training,
-                   {"max_samples": samples, **precision.record()})
+                   {"max_samples": samples, **precision.record(), **(lora.record() if lora else {})})
     test_scores = _predict_test_files(card, output_dir, args, precision)
     _record_test_scores(output_dir, test_scores)
     if not is_main_process():
         return
     if args.push_to_hub:
-        _push(card, output_dir, args, result["metrics"], training, precision=precision, test_scores=test_scores)
+        _push(card, output_dir, args, result["metrics"], training, precision=precision, test_scores=test_scores,
+              lora=lora)
     print(json.dumps({k: v for k, v in {**result["metrics"], **test_scores}.items()
                       if k.startswith(("eval_", "test_"))}, indent=2))
+
+
+def _lora(args: argparse.Namespace, grid_ranks: list[int] | None = None):
+    """The run's LoRA settings from --lora_r and its companions (None: full fine-tuning); on a grid,
+    --lora_ranks turns LoRA on, its first rank standing in until each trial sets its own."""
+    from .lora import lora_settings
+
+    if grid_ranks is not None and args.lora_r is not None:
+        raise ValueError("--lora_r with --lora_ranks: the grid sets the rank of every trial; give the ranks with "
+                         "--lora_ranks only")
+    rank = grid_ranks[0] if grid_ranks else args.lora_r
+    for value in grid_ranks or []:
+        lora_settings(value)  # each rank checked: --lora_ranks 0 is named like --lora_r 0
+    return lora_settings(rank, args.lora_alpha, args.lora_dropout, args.lora_target_modules)
 
 
 def _announce(precision) -> None:
@@ -229,22 +245,25 @@ def _grid(args: argparse.Namespace, rest: list[str]) -> None:
     output_dir = args.output_dir or f"runs/{card.name}-grid"
     precision = training_precision(overrides, args.precision)
     _announce(precision)
+    lora = _lora(args, args.lora_ranks)
     card = _save_run_card(card, args, output_dir)
     space = search_space(card, args.grid, learning_rate=args.learning_rates,
-                         per_device_train_batch_size=args.batch_sizes, num_train_epochs=args.epochs, seed=args.seeds)
+                         per_device_train_batch_size=args.batch_sizes, num_train_epochs=args.epochs, seed=args.seeds,
+                         lora_r=args.lora_ranks)
     result = run_grid(card, args.model, output_dir, args.data_dir, args.tokenizer, args.max_seq_length, space,
                       args.storage, args.keep_all, overrides,
                       max_samples={"train": args.max_train_samples, "eval": args.max_eval_samples},
                       heartbeat_interval=args.heartbeat_interval, grace_period=args.grace_period,
-                      name=args.study_name, precision=precision)
+                      name=args.study_name, precision=precision, lora=lora)
     print(Path(result["files"]["grid_results.md"]).read_text() if "grid_results.md" in result["files"] else result)
     test_scores = {}
     if result["best"] is not None:
         test_scores = _predict_test_files(card, str(Path(output_dir) / "best"), args, precision)
         _record_grid_test_scores(Path(output_dir), result, test_scores)
     if args.push_to_hub and result["best"] is not None:
+        best_lora = lora.with_rank(result["best"].get("lora_r", lora.r)) if lora else None
         _push(card, str(Path(output_dir) / "best"), args, result["best"]["metrics"], None, result, precision,
-              test_scores)
+              test_scores, best_lora)
 
 
 def _record_grid_test_scores(out: Path, result: dict, scores: dict) -> None:
@@ -292,15 +311,17 @@ def _record_test_scores(folder: str | Path, scores: dict) -> None:
         atomic_write_text(path, json.dumps({**results, **scores}, indent=2, sort_keys=True))
 
 
-def _push(card, folder, args, metrics, training, grid_result=None, precision=None, test_scores=None) -> None:
+def _push(card, folder, args, metrics, training, grid_result=None, precision=None, test_scores=None,
+          lora=None) -> None:
     from .hub import model_card, push_to_hub
 
-    info = card_info(card, args, metrics, training, grid_result, precision, test_scores)
+    info = card_info(card, args, metrics, training, grid_result, precision, test_scores, lora)
     atomic_write_text(Path(folder) / "README.md", model_card(info))
     print(f"pushed to {push_to_hub(folder, args.hub_model_id)}")
 
 
-def card_info(card, args, metrics, training, grid_result=None, precision=None, test_scores=None) -> dict:
+def card_info(card, args, metrics, training, grid_result=None, precision=None, test_scores=None,
+              lora=None) -> dict:
     """What the model card of a finetune run or a grid's best trial says (hub.model_card's `info`);
     `test_scores` (test_<metric>) of a labelled test set go in a section of their own."""
     best = (grid_result or {}).get("best") or {}
@@ -308,6 +329,8 @@ def card_info(card, args, metrics, training, grid_result=None, precision=None, t
                ("learning_rate", "per_device_train_batch_size", "num_train_epochs", "seed")}
     if precision is not None:
         hparams["precision"] = f"{precision.record()['precision']} ({precision.reason})"
+    if lora is not None:  # the checkpoint is the merged model; the adapter alone is in adapter/
+        hparams.update({k: ", ".join(v) if isinstance(v, list) else v for k, v in lora.record().items()})
     task_types = {"classification": "text-classification", "squad": "question-answering",
                   "multiple_choice": "multiple-choice", "ner": "token-classification"}
     info = {"model_id": args.hub_model_id, "base_model": args.model, "task": card.name,

@@ -34,6 +34,7 @@ from tqdm.auto import tqdm
 from .cards import TaskCard
 from .faults import failpoint
 from .io import atomic_write_text
+from .lora import LoraError, LoraSettings
 from .precision import Precision
 from .report import select_best, write_grid_report
 from .runner import (
@@ -49,6 +50,7 @@ from .runner import (
 )
 
 AXES = ("learning_rate", "per_device_train_batch_size", "num_train_epochs", "seed")
+LORA_AXIS = "lora_r"  # an optional fifth axis (--lora_ranks); not a TrainingArguments field
 PRESETS = {
     # Appendix A.3: works well across tasks.
     "paper": {"learning_rate": [5e-5, 3e-5, 2e-5], "per_device_train_batch_size": [16, 32],
@@ -79,7 +81,8 @@ def search_space(card: TaskCard, preset: str | None = None, **axes) -> dict[str,
     for axis, values in axes.items():
         if values is not None:
             base[axis] = list(values)
-    for axis in AXES:
+    axes = AXES + ((LORA_AXIS,) if base.get(LORA_AXIS) is not None else ())
+    for axis in axes:
         values = base.get(axis)
         if not values:
             raise RunError(f"grid axis {axis} is empty; give at least one value")
@@ -87,20 +90,31 @@ def search_space(card: TaskCard, preset: str | None = None, **axes) -> dict[str,
             raise RunError(f"grid axis {axis} must be positive, got {values}")
         if len(set(values)) != len(values):
             raise RunError(f"grid axis {axis} repeats a value: {values}")
-    return {axis: base[axis] for axis in AXES}
+    return {axis: base[axis] for axis in axes}
 
 
-def study_name(card: TaskCard, space: dict[str, list], max_samples: dict | None = None) -> str:
+def axes_of(params: dict) -> tuple[str, ...]:
+    """The grid axes a trial's parameters (or a record) hold: the paper's four, and the LoRA rank when a
+    grid has it (--lora_ranks)."""
+    return AXES + ((LORA_AXIS,) if LORA_AXIS in params else ())
+
+
+def study_name(card: TaskCard, space: dict[str, list], max_samples: dict | None = None,
+               lora: LoraSettings | None = None) -> str:
     """One study per (task, grid): Optuna cannot change a parameter's value set inside a study, so
     a changed grid (another learning rate, more seeds) or changed card options in the same folder
     or database is its own study; rerunning the same grid finds its study and skips what is done."""
-    digest = hashlib.sha256(json.dumps(grid_key(card, space, max_samples), default=str).encode()).hexdigest()
+    digest = hashlib.sha256(json.dumps(grid_key(card, space, max_samples, lora), default=str).encode()).hexdigest()
     return f"{card.name}-grid-{digest[:10]}"
 
 
-def grid_key(card: TaskCard, space: dict[str, list], max_samples: dict | None = None) -> dict:
-    """What makes a grid's points comparable: the axes' values, and the data they train and score on."""
+def grid_key(card: TaskCard, space: dict[str, list], max_samples: dict | None = None,
+             lora: LoraSettings | None = None) -> dict:
+    """What makes a grid's points comparable: the axes' values, the data they train and score on, and
+    LoRA's settings (a LoRA grid is another study than full fine-tuning's)."""
     key = {k: sorted(map(float, v)) for k, v in space.items()}
+    if lora is not None:
+        key["lora"] = {k: v for k, v in lora.record().items() if k not in space}
     if card.options:  # e.g. NER's context or SQuAD's doc_stride: other data, so another study
         key["options"] = card.options
     files = {split: spec.data_file for split, spec in card.splits.items() if spec.data_file}
@@ -115,9 +129,9 @@ def describe_grid(key: dict) -> str:
     """A grid (`grid_key`, or just its axes) in one line, as the errors name it: `learning_rate 2e-05,3e-05 x
     per_device_train_batch_size 16 x ...`, then what else sets its data (`; max_samples {...}`)."""
     axes = " x ".join(f"{axis} {','.join(format(float(v), 'g') for v in sorted(map(float, key[axis])))}"
-                      for axis in AXES if axis in key)
+                      for axis in (*AXES, LORA_AXIS) if axis in key)
     return "; ".join([axes, *(f"{k} {json.dumps(key[k], sort_keys=True, default=str)}" for k in sorted(key)
-                              if k not in AXES)])
+                              if k not in (*AXES, LORA_AXIS))])
 
 
 def check_study_grid(study: optuna.Study, grid: str, storage: str) -> None:
@@ -201,7 +215,8 @@ def _safe_url(url: str) -> str:
 def _requeue(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
     """heartbeat_stale_trial_callback: a trial failed because its worker stopped beating goes back in the queue."""
     if set(AXES) <= set(trial.params):
-        study.enqueue_trial({a: trial.params[a] for a in AXES}, user_attrs={"requeued_from": trial.number})
+        study.enqueue_trial({a: trial.params[a] for a in axes_of(trial.params)},
+                            user_attrs={"requeued_from": trial.number})
 
 
 def open_study(storage: str, name: str, sampler=None, heartbeat_interval: int = HEARTBEAT_INTERVAL,
@@ -391,7 +406,7 @@ def orphaned_trials(study: optuna.Study, grace_seconds: float = 60.0) -> list[op
 
 
 def _point(params: dict) -> tuple:
-    return tuple(params[a] for a in AXES)
+    return tuple(params[a] for a in axes_of(params))
 
 
 def trial_records(study: optuna.Study) -> list[dict]:
@@ -403,7 +418,7 @@ def trial_records(study: optuna.Study) -> list[dict]:
     records = []
     for t in sorted(latest.values(), key=lambda t: t.number):
         records.append({
-            "trial": t.number, **{a: t.params[a] for a in AXES},
+            "trial": t.number, **{a: t.params[a] for a in axes_of(t.params)},
             "state": "complete" if t.state == TrialState.COMPLETE else "failed",
             "error": t.user_attrs.get("error"),
             "metrics": t.user_attrs.get("metrics", {}),
@@ -417,7 +432,7 @@ def run_grid(card: TaskCard, model: str, output_dir: str, data_dir: str | None =
              max_seq_length: int | None = None, space: dict[str, list] | None = None, storage: str | None = None,
              keep_all: bool = False, overrides: dict | None = None, max_samples: dict | None = None,
              heartbeat_interval: int = HEARTBEAT_INTERVAL, grace_period: int = GRACE_PERIOD,
-             name: str | None = None, precision: Precision | None = None) -> dict:
+             name: str | None = None, precision: Precision | None = None, lora: LoraSettings | None = None) -> dict:
     """Run every grid point not yet finished; keep the best checkpoint in output_dir/best; write
     the report. Returns {"best": record or None, "records": [...], "files": {...}}.
 
@@ -440,17 +455,19 @@ def run_grid(card: TaskCard, model: str, output_dir: str, data_dir: str | None =
     space = space or search_space(card)
     storage = storage or f"sqlite:///{(out / 'grid.db').resolve()}"
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    name = name or study_name(card, space, max_samples)
-    grid = describe_grid(grid_key(card, space, max_samples))
+    if LORA_AXIS in space and lora is None:
+        lora = LoraSettings(r=int(space[LORA_AXIS][0]))
+    name = name or study_name(card, space, max_samples, lora)
+    grid = describe_grid(grid_key(card, space, max_samples, lora))
     with folder_claim(out, name, grid):  # before the study: a refused worker leaves nothing in the database
         study = open_study(storage, name, _GridSampler(space, seed=0), heartbeat_interval, grace_period)
         check_study_grid(study, grid, storage)
         return _run_points(study, storage, card, model, out, data_dir, tokenizer, max_seq_length, space, keep_all,
-                           overrides, max_samples, heartbeat_interval, precision)
+                           overrides, max_samples, heartbeat_interval, precision, lora)
 
 
 def _run_points(study, storage, card, model, out, data_dir, tokenizer, max_seq_length, space, keep_all, overrides,
-                max_samples, heartbeat_interval, precision) -> dict:
+                max_samples, heartbeat_interval, precision, lora=None) -> dict:
     points = set(itertools.product(*space.values()))
     enqueue_points(study, space)
     metric = selection_key(card)
@@ -490,8 +507,10 @@ def _run_points(study, storage, card, model, out, data_dir, tokenizer, max_seq_l
             tqdm.write(f"[grid] trial {trial.number} {params} was interrupted: running it again")
             shutil.rmtree(trial_dir, ignore_errors=True)  # whatever the dead run left half-written
         try:
-            args = training_arguments(card, str(trial_dir), {**(overrides or {}), **params})
-            result = train_and_evaluate(prepared, model, args, save_to=trial_dir / "checkpoint")
+            hparams = {k: v for k, v in params.items() if k != LORA_AXIS}  # the rest are TrainingArguments
+            args = training_arguments(card, str(trial_dir), {**(overrides or {}), **hparams})
+            trial_lora = lora.with_rank(params[LORA_AXIS]) if lora is not None and LORA_AXIS in params else lora
+            result = train_and_evaluate(prepared, model, args, save_to=trial_dir / "checkpoint", lora=trial_lora)
             failpoint("grid.trial_trained")
             value = result["metrics"].get(metric)
             # a diverged model can still score (argmax of NaN logits), so every loss is checked too
@@ -500,7 +519,7 @@ def _run_points(study, storage, card, model, out, data_dir, tokenizer, max_seq_l
             if value is None or bad:
                 raise FloatingPointError("non-finite result: " + ", ".join(f"{k}={v}" for k, v in
                                                                          (bad or {metric: value}).items()))
-        except RunError:  # the model or flags cannot work for any trial: stop, leaving no record
+        except (RunError, LoraError):  # the model or flags cannot work for any trial: stop, leaving no record
             beat.stop()
             trial.set_user_attr("skipped", True)
             study.tell(trial, state=TrialState.PRUNED)
@@ -523,7 +542,8 @@ def _run_points(study, storage, card, model, out, data_dir, tokenizer, max_seq_l
         write_manifest(out / "run_manifest.json", prepared, model, data_dir, args,
                        {"grid": space, "study_storage": storage.split("///")[0] + "///...", "study_name": study.study_name,
                         "selection": metric,
-                        "max_samples": max_samples, **precision.record()})
+                        "max_samples": max_samples, **precision.record(),
+                        **({"lora": {k: v for k, v in lora.record().items() if k not in space}} if lora else {})})
     if bar is not None:
         bar.close()
     _drop_leftovers(study)
@@ -574,7 +594,7 @@ def _finish_best(out: Path, best: dict, records: list[dict], keep_all: bool) -> 
         (out / "best.incoming").rename(out / "best")
     elif not _holds(out / "best", best["trial"]):
         if (own / TASK_SETTINGS_FILE).is_file():  # written last by train_and_evaluate: complete
-            _install_best(out, own, {"trial": best["trial"], **{a: best[a] for a in AXES}}, keep_all)
+            _install_best(out, own, {"trial": best["trial"], **{a: best[a] for a in axes_of(best)}}, keep_all)
         else:
             tqdm.write(f"[grid] warning: the best trial ({best['trial']}) has no checkpoint left in {own} or "
                        f"{out / 'best'} (deleted?); its results stand, but to get its weights run that point again")

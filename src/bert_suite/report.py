@@ -20,6 +20,7 @@ logger = logging.getLogger(__name__)
 
 REQUIRED_KEYS = ("trial", "learning_rate", "per_device_train_batch_size", "num_train_epochs", "seed", "state")
 SETTING_KEYS = ("learning_rate", "per_device_train_batch_size", "num_train_epochs")
+LORA_KEY = "lora_r"  # present in the trials of a grid over LoRA ranks
 # Trainer metrics that are bookkeeping or losses, not scores: never shown as percentages.
 _NOT_SCORE_MARKERS = ("loss", "runtime", "per_second", "epoch", "thresh", "total")
 
@@ -70,17 +71,25 @@ def _md_table(header: list[str], rows: list[list[str]]) -> list[str]:
     return lines + ["| " + " | ".join(cell(c) for c in row) + " |" for row in rows]
 
 
+def _setting_keys(trials: list[dict]) -> tuple[str, ...]:
+    """What makes a setting (seeds aside): learning rate, batch size, epochs, and the LoRA rank in a grid
+    over ranks (--lora_ranks)."""
+    return SETTING_KEYS + ((LORA_KEY,) if any(LORA_KEY in t for t in trials) else ())
+
+
 def _settings(trials: list[dict], metric: str) -> dict[tuple, list[float]]:
-    """(lr, batch, epochs) -> selection scores of its complete trials, in first-seen order."""
+    """(lr, batch, epochs[, lora rank]) -> selection scores of its complete trials, in first-seen order."""
     groups: dict[tuple, list[float]] = {}
+    keys = _setting_keys(trials)
     for t in trials:
         if (s := _score(t, metric)) is not None:
-            groups.setdefault(tuple(t[k] for k in SETTING_KEYS), []).append(s)
+            groups.setdefault(tuple(t[k] for k in keys), []).append(s)
     return groups
 
 
-def _columns(metric_keys: list[str]) -> list[str]:
-    return ["trial", *REQUIRED_KEYS[1:], *metric_keys, "train_runtime", "best", "error"]
+def _columns(metric_keys: list[str], trials: list[dict] | None = None) -> list[str]:
+    lora = [LORA_KEY] if trials and any(LORA_KEY in t for t in trials) else []
+    return ["trial", *REQUIRED_KEYS[1:4], *lora, *REQUIRED_KEYS[4:], *metric_keys, "train_runtime", "best", "error"]
 
 
 def test_section(best: dict, scores: dict[str, float]) -> str:
@@ -101,17 +110,20 @@ def _markdown(trials, metric, task, metric_keys, best, paper, plot_note) -> str:
         star = t is best
         row = [f"**{t['trial']} ★**" if star else str(t["trial"])]
         metrics = t.get("metrics") or {}
-        row += [_fmt(t[k]) for k in REQUIRED_KEYS[1:]]
+        columns = _columns(metric_keys, trials)
+        row += [_fmt(t.get(k)) for k in columns[1:columns.index("state") + 1]]
         row += [_fmt(metrics.get(k), _is_score(k)) for k in metric_keys]
         row.append(_fmt(t.get("train_runtime")))
         rows.append(row + ["★" if star else "", t.get("error") or ""])
-    lines += _md_table(_columns(metric_keys), rows) + [""]
+    lines += _md_table(_columns(metric_keys, trials), rows) + [""]
 
     lines += ["## Mean ± std across seeds per setting", ""]
-    rows = [[f"{lr:g}", str(bs), f"{ep:g}", str(len(v)),
+    lora = LORA_KEY in _setting_keys(trials)
+    rows = [[f"{key[0]:g}", str(key[1]), f"{key[2]:g}", *([str(key[3])] if lora else []), str(len(v)),
              f"{100 * statistics.fmean(v):.2f} ± {100 * statistics.pstdev(v):.2f}"]
-            for (lr, bs, ep), v in _settings(trials, metric).items()]
-    lines += _md_table(["learning_rate", "batch size", "epochs", "seeds", f"{metric} mean ± std"], rows)
+            for key, v in _settings(trials, metric).items()]
+    lines += _md_table(["learning_rate", "batch size", "epochs", *(["LoRA rank"] if lora else []), "seeds",
+                        f"{metric} mean ± std"], rows)
     lines += ["", "std is the population std (ddof=0), so a single seed shows 0.00.", ""]
 
     failed = [t for t in trials if t["state"] != "complete"]
@@ -143,25 +155,28 @@ def _plots(trials: list[dict], metric: str, best: dict | None, out: Path) -> dic
 
     written: dict[str, Path] = {}
     groups = _settings(trials, metric)
-    for epochs in sorted({ep for _, _, ep in groups}):
-        lrs = sorted({lr for lr, _, ep in groups if ep == epochs})
-        sizes = sorted({bs for _, bs, ep in groups if ep == epochs})
+    # one heat map (learning rate x batch size) per number of epochs, and per LoRA rank in a grid over ranks
+    for panel in sorted({key[2:] for key in groups}):
+        cells = {key[:2]: values for key, values in groups.items() if key[2:] == panel}
+        lrs = sorted({lr for lr, _ in cells})
+        sizes = sorted({bs for _, bs in cells})
         grid = np.full((len(lrs), len(sizes)), np.nan)
-        for (lr, bs, ep), values in groups.items():
-            if ep == epochs:
-                grid[lrs.index(lr), sizes.index(bs)] = 100 * statistics.fmean(values)
+        for (lr, bs), values in cells.items():
+            grid[lrs.index(lr), sizes.index(bs)] = 100 * statistics.fmean(values)
+        epochs, rank = panel[0], (panel[1] if len(panel) > 1 else None)
         fig = Figure(figsize=(2.5 + 1.2 * len(sizes), 1.5 + 0.8 * len(lrs)), layout="constrained")
         ax = fig.add_subplot()
         image = ax.imshow(grid, cmap="viridis", aspect="auto")
         fig.colorbar(image, ax=ax, label=f"{metric} (%)")
         ax.set(xticks=range(len(sizes)), xticklabels=[str(s) for s in sizes], xlabel="batch size",
                yticks=range(len(lrs)), yticklabels=[f"{lr:g}" for lr in lrs], ylabel="learning rate",
-               title=f"{metric}, {epochs:g} epochs (mean over seeds)")
+               title=f"{metric}, {epochs:g} epoch{'' if epochs == 1 else 's'}"
+                     + (f", LoRA rank {rank}" if rank is not None else "") + " (mean over seeds)")
         middle = np.nanmean([np.nanmin(grid), np.nanmax(grid)])
         for (r, c), value in np.ndenumerate(grid):
             if not np.isnan(value):  # dark text on the bright end of viridis, light on the dark end
                 ax.text(c, r, f"{value:.2f}", ha="center", va="center", color="k" if value > middle else "w")
-        name = f"heatmap_epochs{epochs:g}.png"
+        name = f"heatmap_epochs{epochs:g}" + (f"_r{rank}" if rank is not None else "") + ".png"
         written[name] = save_figure(fig, out / name)
 
     points = [(h["epoch"], h[metric]) for h in (best or {}).get("history") or [] if "epoch" in h and metric in h]
@@ -189,7 +204,7 @@ def write_grid_report(trials: list[dict], metric: str, output_dir: str | Path, t
     out.mkdir(parents=True, exist_ok=True)
     best = select_best(trials, metric)
     metric_keys = sorted({k for t in trials for k in (t.get("metrics") or {})})
-    columns = _columns(metric_keys)
+    columns = _columns(metric_keys, trials)
 
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")

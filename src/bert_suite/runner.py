@@ -36,6 +36,8 @@ from .configuration_bert_suite import BertSuiteConfig
 from .distributed import is_main_process, launched_processes, needs_cpu_group
 from .faults import failpoint
 from .io import atomic_write_text
+from .lora import LoraSettings, apply_lora, save_lora, trainable_parameters
+from .lora import describe as describe_lora
 from .precision import Precision, PrecisionError, explicit, on_cpu, resolve
 from .tokenization import check_max_seq_length, load_tokenizer
 
@@ -292,14 +294,19 @@ def selection_key(card: TaskCard) -> str:
 
 
 def train_and_evaluate(prepared: Prepared, model_name: str, args: TrainingArguments,
-                       save_to: Path | None = None) -> dict:
+                       save_to: Path | None = None, lora: LoraSettings | None = None) -> dict:
     """Fine-tune with per-epoch dev evaluation; write `all_results.json` and dev predictions into
-    args.output_dir and the model into `save_to` (default: args.output_dir). Returns metrics,
-    per-epoch history and runtime."""
+    args.output_dir and the model into `save_to` (default: args.output_dir). With `lora`, only the LoRA
+    matrices and the head train; the adapter goes to <save_to>/adapter and the merged model to save_to.
+    Returns metrics, per-epoch history and runtime."""
     card = prepared.card
     adapter = adapter_for(card)
     transformers.set_seed(args.seed)  # the seed also sets the head's initialisation (a random restart)
     model = load_model(card, model_name, prepared.max_seq_length, len(prepared.tokenizer))
+    if lora is not None:
+        model = apply_lora(model, lora)
+        if is_main_process():
+            print(describe_lora(model, lora), file=sys.stderr, flush=True)
     evals = {s: prepared.encoded[s] for s in card.eval_splits}
     first = card.eval_splits[0]
     # compute_metrics cannot tell which split it scores; families whose metrics read the split's own
@@ -323,6 +330,9 @@ def train_and_evaluate(prepared: Prepared, model_name: str, args: TrainingArgume
     out = Path(args.output_dir)
     metrics = {"train_loss": train_output.training_loss, "train_runtime": time.time() - start,
                "train_samples": len(prepared.encoded[card.train_split])}
+    metrics["trainable_parameters"], metrics["parameters"] = trainable_parameters(trainer.model)
+    if lora is not None:
+        metrics.update(lora.record())
     # What predict must reuse to read new data as this model was trained and evaluated.
     settings = {"max_seq_length": prepared.max_seq_length, "options": card.options}
     for split, dataset in evals.items():
@@ -338,7 +348,10 @@ def train_and_evaluate(prepared: Prepared, model_name: str, args: TrainingArgume
             settings.update(chosen)
             metrics.update({f"chosen_{k}": v for k, v in chosen.items()})
     history = [entry for entry in trainer.state.log_history if any(k.startswith("eval_") for k in entry)]
-    trainer.save_model(str(save_to or out))  # the main process only (Trainer)
+    if lora is None:
+        trainer.save_model(str(save_to or out))  # the main process only (Trainer)
+    elif is_main_process():  # the adapter, then the merged model: a checkpoint like any other
+        save_lora(trainer.model, save_to or out, prepared.tokenizer)
     if is_main_process():
         save_card(card, Path(save_to or out) / CARD_FILE)  # predict finds the task beside the checkpoint
         atomic_write_text(Path(save_to or out) / TASK_SETTINGS_FILE, json.dumps(settings, indent=2, sort_keys=True))

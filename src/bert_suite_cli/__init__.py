@@ -101,6 +101,17 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hub_model_id", help="Hub repository for --push_to_hub")
     _add_precision_flag(p)
     _add_context_flag(p)
+    _add_lora_flags(p)
+
+
+def _add_lora_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--lora_r", type=int, metavar="N",
+                   help="LoRA (peft): train rank-N updates of the target layers and the task head only, all else "
+                   "frozen; saves the adapter (OUTPUT/adapter) and the merged model (default: full fine-tuning)")
+    p.add_argument("--lora_alpha", type=float, help="LoRA scale numerator (default: 2 x the rank, a scale of 2)")
+    p.add_argument("--lora_dropout", type=float, help="dropout on the LoRA input (default: 0.1)")
+    p.add_argument("--lora_target_modules", nargs="+", metavar="NAME",
+                   help="the linear layers LoRA adapts, as names or one comma-separated list (default: query,value)")
 
 
 def _add_file_flags(p: argparse.ArgumentParser, *roles: str) -> None:
@@ -140,6 +151,8 @@ def build_parser() -> argparse.ArgumentParser:
     grid.add_argument("--batch_sizes", type=int, nargs="+")
     grid.add_argument("--epochs", type=float, nargs="+")
     grid.add_argument("--seeds", type=int, nargs="+", help="random restarts (default: 42)")
+    grid.add_argument("--lora_ranks", type=int, nargs="+", metavar="N",
+                      help="LoRA ranks as a grid axis (every point trains with LoRA at each rank; see --lora_r)")
     grid.add_argument("--storage", help="Optuna storage URL shared by all workers of the grid: sqlite:///FILE for "
                       "workers on one machine, postgresql+psycopg://USER@HOST/DB (or mysql://) across machines "
                       "(default: grid.db in the output folder)")
