@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
-from helpers import HEADS, TOL, WORDS, inputs_for, save_stock
 
 from bert_suite import BertSuiteForPreTraining, BertSuiteForSequenceClassification
 from bert_suite.cli import main as cli_main
 from bert_suite.lora import LoraError, LoraSettings, apply_lora, head_modules, lora_settings
+from helpers import HEADS, TOL, WORDS, inputs_for, save_stock
 
 peft = pytest.importorskip("peft")
 
