@@ -17,6 +17,14 @@ from .io import atomic_write_text
 
 
 def _export(args: argparse.Namespace, rest: list[str]) -> None:
+    if args.to == "onnx":
+        from .onnx_export import DEFAULT_OPSET, export_to_onnx
+
+        done = export_to_onnx(args.src, args.dst, DEFAULT_OPSET if args.opset is None else args.opset)
+        print(f"exported {args.src} -> {done.path} (ONNX; outputs {', '.join(done.outputs)})")
+        return
+    if args.opset is not None:
+        raise ValueError("--opset is for --to onnx; --to bert writes a transformers checkpoint")
     from .export import export_to_bert
 
     dst = export_to_bert(args.src, args.dst)

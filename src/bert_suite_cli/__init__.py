@@ -134,10 +134,13 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", help=argparse.SUPPRESS,
                                 prog="bert-suite")
 
-    export = sub.add_parser("export", help="convert a bert_suite checkpoint to another format")
-    export.add_argument("--to", choices=["bert"], required=True, help="target format (stock transformers BERT)")
-    export.add_argument("src", help="bert_suite checkpoint folder")
-    export.add_argument("dst", help="output folder")
+    export = sub.add_parser("export", help="convert a checkpoint to stock BERT, or to ONNX for deployment")
+    export.add_argument("--to", choices=["bert", "onnx"], required=True,
+                        help="bert: stock transformers BERT; onnx: model.onnx (dynamic batch and length) with the "
+                        "tokenizer and config.json, checked in onnxruntime against eager (needs bert_suite[onnx])")
+    export.add_argument("--opset", type=int, help="ONNX opset (--to onnx; default 18, supported 14..22)")
+    export.add_argument("src", metavar="RUN_DIR", help="checkpoint folder (a finetune run, a grid's best/)")
+    export.add_argument("dst", metavar="OUT_DIR", help="output folder")
     export.set_defaults(func="_export")
 
     finetune = sub.add_parser("finetune", help="one fine-tuning run (extra flags are TrainingArguments)")
