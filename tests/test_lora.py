@@ -177,3 +177,20 @@ def test_settings_from_flags():
         lora_settings(None, 16.0)
     with pytest.raises(LoraError, match="--lora_dropout 1.0: must be in"):
         lora_settings(4, None, 1.0)
+
+
+def test_the_model_card_of_a_lora_run_says_so():
+    from bert_suite.cards import load_card
+    from bert_suite.cli import card_info
+    from bert_suite.hub import model_card
+
+    class Args:
+        hub_model_id, model = "user/rte-lora", "preset:tiny"
+
+    info = card_info(load_card("rte"), Args, {"eval_accuracy": 0.9}, None,
+                     {"best": {"learning_rate": 1e-3, "per_device_train_batch_size": 16, "num_train_epochs": 1,
+                               "seed": 42, "lora_r": 8}, "records": [{"seed": 42}], "files": {}},
+                     lora=LoraSettings(r=8), test_scores={"test_accuracy": 0.8})
+    text = model_card(info)
+    assert "| lora_r | 8 |" in text and "| lora_alpha | 16.0 |" in text and "| lora_target_modules | query, value |" in text
+    assert "## Test results (labelled test set)" in text and "| accuracy | 80.00 |" in text
