@@ -64,6 +64,8 @@ def read_grid_scores(path: str | Path, column: str) -> dict[tuple, dict[int, flo
         raise ValueError(f"{path}: no complete trial ({len(rows)} rows); expected a finished `bert-suite grid`")
     if column not in complete[0]:
         raise ValueError(f"{path}: no column {column!r}; expected a grid whose trials report it")
+    if "lora_r" in complete[0]:  # a setting here is (lr, batch, epochs): ranks would overwrite each other
+        raise ValueError(f"{path}: a grid over LoRA ranks (column lora_r); expected a full fine-tuning grid")
     scores: dict[tuple, dict[int, float]] = {}
     for row in complete:
         if row[column] in ("", "nan"):

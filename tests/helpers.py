@@ -2,6 +2,7 @@
 loader and the Hub fake. Test modules import these from here and never from one another (test_layout.py
 checks that); shared fixtures are in conftest.py."""
 
+import csv
 import importlib.util
 import os
 import random
@@ -30,6 +31,15 @@ REPO = Path(__file__).resolve().parents[1]
 # ---------------------------------------------------------------------------------- GLUE-like pair task
 
 WORDS = "apple berry cherry grape lemon mango olive peach".split()
+
+
+def write_records_csv(path: Path, rows: list[dict]) -> Path:
+    """Rows (dicts with the same keys) as a CSV file with a header."""
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    return path
 
 
 def write_rte_like(folder: Path, n_train=600, n_dev=200, seed=0) -> Path:

@@ -2,7 +2,6 @@
 `finetune`/`grid` with --lora_r / --lora_ranks: a tiny model learns with the encoder frozen, the adapter
 reloads onto a fresh base exactly, and the merged checkpoint is one that predict takes like any other."""
 
-import csv
 import json
 import random
 from pathlib import Path
@@ -14,7 +13,7 @@ import transformers
 from bert_suite import BertSuiteForPreTraining, BertSuiteForSequenceClassification
 from bert_suite.cli import main as cli_main
 from bert_suite.lora import LoraError, LoraSettings, apply_lora, head_modules, lora_settings
-from helpers import HEADS, TOL, WORDS, inputs_for, save_stock
+from helpers import HEADS, TOL, WORDS, inputs_for, save_stock, write_records_csv
 
 peft = pytest.importorskip("peft")
 
@@ -68,14 +67,6 @@ def test_lora_matches_peft_on_the_stock_checkpoint_of_the_same_weights(name, tmp
 # ------------------------------------------------------------------------------------------- the commands
 
 
-def write_csv(path: Path, rows: list[dict]) -> Path:
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-    return path
-
-
 @pytest.fixture(scope="module")
 def task(tmp_path_factory):
     """A card-less pair task (label: which half of the vocabulary sentence2's last word is from) and a
@@ -94,7 +85,7 @@ def task(tmp_path_factory):
         return out
 
     for split, n in (("train", 600), ("dev", 200), ("test", 100)):
-        write_csv(folder / f"{split}.csv", rows(n))
+        write_records_csv(folder / f"{split}.csv", rows(n))
     torch.manual_seed(0)
     config = transformers.AutoConfig.for_model("bert_suite", vocab_size=13, hidden_size=64, num_hidden_layers=2,
                                                num_attention_heads=2, intermediate_size=128,
@@ -187,10 +178,29 @@ def test_the_model_card_of_a_lora_run_says_so():
     class Args:
         hub_model_id, model = "user/rte-lora", "preset:tiny"
 
-    info = card_info(load_card("rte"), Args, {"eval_accuracy": 0.9}, None,
+    metrics = {"eval_accuracy": 0.9, "eval_loss": 0.3, "train_loss": 0.4, "train_samples": 600, "eval_samples": 200,
+               "trainable_parameters": 8450, "parameters": 1511812, **LoraSettings(r=8).record()}  # as finetune has them
+    info = card_info(load_card("rte"), Args, metrics, None,
                      {"best": {"learning_rate": 1e-3, "per_device_train_batch_size": 16, "num_train_epochs": 1,
                                "seed": 42, "lora_r": 8}, "records": [{"seed": 42}], "files": {}},
                      lora=LoraSettings(r=8), test_scores={"test_accuracy": 0.8})
     text = model_card(info)
     assert "| lora_r | 8 |" in text and "| lora_alpha | 16.0 |" in text and "| lora_target_modules | query, value |" in text
     assert "## Test results (labelled test set)" in text and "| accuracy | 80.00 |" in text
+    dev = text.split("## Dev results", 1)[1].split("##", 1)[0]  # scores only: no counts, no LoRA settings
+    assert "| accuracy | 90.00 |" in dev and "parameters" not in dev and "samples" not in dev and "lora" not in dev
+
+
+def test_a_grid_over_ranks_is_one_study_whatever_the_order_of_the_ranks():
+    from bert_suite.cards import load_card
+    from bert_suite.grid import grid_key, search_space, study_name
+
+    card = load_card("rte")
+    names = set()
+    for ranks in ([4, 8], [8, 4]):
+        space = search_space(card, learning_rate=[1e-3], lora_r=ranks)
+        names.add(study_name(card, space, None, LoraSettings(r=ranks[0])))
+    assert len(names) == 1
+    key = grid_key(card, search_space(card, lora_r=[4, 8]), None, LoraSettings(r=4))
+    assert key["lora"] == {"lora_alpha": "2 x lora_r", "lora_dropout": 0.1, "lora_target_modules": ["query", "value"]}
+    assert grid_key(card, search_space(card), None, LoraSettings(r=4, alpha=32))["lora"]["lora_alpha"] == 32

@@ -16,6 +16,7 @@ from bert_suite.cards import load_card
 from bert_suite.cli import main as cli_main
 from bert_suite.own_files import card_from_files, with_data_files
 from bert_suite_cli import _give_back_flag_value, build_parser
+from helpers import write_records_csv
 
 WORDS = "apple berry cherry grape lemon mango olive peach".split()
 VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS]
@@ -43,14 +44,6 @@ def score_rows(n: int, rng: random.Random) -> list[dict]:
         rows.append({"sentence1": " ".join(rng.sample(WORDS, 2)), "sentence2": " ".join(words),
                      "label": 1.5 * sum(w in WORDS[:4] for w in words) + 0.25})
     return rows
-
-
-def write_csv(path: Path, rows: list[dict]) -> Path:
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-    return path
 
 
 def write_jsonl(path: Path, rows: list[dict]) -> Path:
@@ -81,9 +74,9 @@ def train_flags(vocab: Path, out: Path, *extra: str) -> list[str]:
 
 def test_cardless_csv_classification_learns_saves_its_card_and_predict_reads_it_back(tmp_path, vocab, capsys):
     rng = random.Random(0)
-    train = write_csv(tmp_path / "train.csv", sentiment_rows(600, rng))
-    dev = write_csv(tmp_path / "dev.csv", sentiment_rows(200, rng))
-    test = write_csv(tmp_path / "test.csv", sentiment_rows(40, rng, labelled=False))
+    train = write_records_csv(tmp_path / "train.csv", sentiment_rows(600, rng))
+    dev = write_records_csv(tmp_path / "dev.csv", sentiment_rows(200, rng))
+    test = write_records_csv(tmp_path / "test.csv", sentiment_rows(40, rng, labelled=False))
     out = tmp_path / "run"
     assert cli_main(["finetune", "--train_file", str(train), "--validation_file", str(dev),
                      *train_flags(vocab, out)]) == 0
@@ -125,9 +118,9 @@ def test_labelled_test_file_is_scored_by_finetune_and_by_the_grids_best_trial(tm
     all_results.json, computed on the predictions written; the grid scores its best trial only, after the
     choice on dev, and says so in its report."""
     rng = random.Random(5)
-    train = write_csv(tmp_path / "train.csv", sentiment_rows(600, rng))
-    dev = write_csv(tmp_path / "dev.csv", sentiment_rows(200, rng))
-    test = write_csv(tmp_path / "test.csv", sentiment_rows(120, rng))
+    train = write_records_csv(tmp_path / "train.csv", sentiment_rows(600, rng))
+    dev = write_records_csv(tmp_path / "dev.csv", sentiment_rows(200, rng))
+    test = write_records_csv(tmp_path / "test.csv", sentiment_rows(120, rng))
     out = tmp_path / "run"
     assert cli_main(["finetune", "--train_file", str(train), "--validation_file", str(dev), "--test_file", str(test),
                      *train_flags(vocab, out)]) == 0
@@ -149,11 +142,26 @@ def test_labelled_test_file_is_scored_by_finetune_and_by_the_grids_best_trial(tm
     best = json.loads((grid / "best_trial.json").read_text())
     # the test file is the dev file here: the best trial's test score is its dev score, to the digit
     assert best["test_metrics"]["test_accuracy"] == pytest.approx(best["metrics"]["eval_accuracy"])
-    assert json.loads((grid / "best" / "all_results.json").read_text())["test_accuracy"] == \
+    assert json.loads((grid / "best" / "predictions" / "test_results.json").read_text())["accuracy"] == \
         best["test_metrics"]["test_accuracy"]
     report = (grid / "grid_results.md").read_text()
     assert "## Test set (best trial only)" in report and f"Trial {best['trial']}, chosen on dev" in report
     assert f"| accuracy | {100 * best['test_metrics']['test_accuracy']:.2f} |" in report
+    # a second worker finishing the same grid replaces the section, it does not add one
+    from bert_suite.cli import _record_grid_test_scores
+
+    _record_grid_test_scores(grid, {"best": best, "files": {}}, best["test_metrics"])
+    assert (grid / "grid_results.md").read_text().count("## Test set (best trial only)") == 1
+
+
+def test_a_labelled_test_file_may_name_its_label_as_the_train_split_does(tmp_path):
+    """STS-B's card reads the label from a column named score: a CSV test file with that column is labelled."""
+    from bert_suite.adapters.classification import read_file_split
+
+    card = with_data_files(load_card("stsb"), test_file=str(write_records_csv(
+        tmp_path / "test.csv", [{"sentence1": "a man", "sentence2": "a woman", "score": 3.5}])))
+    dataset, _ = read_file_split(card, "test", tmp_path / "test.csv")
+    assert dataset["label"] == [3.5]
 
 
 def test_cardless_jsonl_regression_learns(tmp_path, vocab, capsys):
@@ -268,8 +276,8 @@ def test_text_columns_as_run_glue_chooses_them(tmp_path, columns, chosen, expect
 def test_label_kinds_ids_floats_and_label_column(tmp_path):
     def build(labels, dev_labels=None, column="label", **kwargs):
         rows = [{"text": "apple", column: v} for v in labels]
-        write_csv(tmp_path / "t.csv", rows)
-        write_csv(tmp_path / "d.csv", [{"text": "apple", column: v} for v in (dev_labels or labels)])
+        write_records_csv(tmp_path / "t.csv", rows)
+        write_records_csv(tmp_path / "d.csv", [{"text": "apple", column: v} for v in (dev_labels or labels)])
         return card_from_files(str(tmp_path / "t.csv"), str(tmp_path / "d.csv"), **kwargs)
 
     assert build([2, 10, 1, 10]).labels == ["1", "2", "10"]  # numerically, as run_glue sorts them

@@ -10,11 +10,11 @@ import sys
 import numpy as np
 import pytest
 import torch
-from helpers import REPO
 from transformers import BertTokenizerFast
 
 from bert_suite import BertSuiteConfig, BertSuiteModel
 from bert_suite.export import export_to_bert
+from helpers import REPO
 
 pytest.importorskip("sentence_transformers")
 SENTENCES = ["a man plays guitar .", "a person makes music .", "nobody is here"]
@@ -33,23 +33,23 @@ def workdir(tmp_path):
     return tmp_path
 
 
-def python(code: str, cwd, *, block_bert_suite: bool = False) -> str:
+def python(code: str, cwd, *, block_bert_suite: bool = False) -> list[str]:
     """Run `code` in a fresh interpreter (optionally one where `import bert_suite` fails, as if it were not
-    installed); returns its last line of output, which the code makes the embeddings' repr."""
+    installed); returns its lines of output, the last of which the code makes the embeddings' repr."""
     prefix = "import sys\nsys.modules['bert_suite'] = None\n" if block_bert_suite else ""
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     done = subprocess.run([sys.executable, "-c", prefix + code], cwd=cwd, capture_output=True, text=True,
                           timeout=300, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
-    return done.stdout.strip().splitlines()[-1]
+    return done.stdout.strip().splitlines()
 
 
 def test_readme_example_matches_stock_and_loads_without_bert_suite(workdir):
     text = (REPO / "README.md").read_text().split("## Sentence embeddings", 1)[1]
     code = re.search(r"```python\n(.*?)```", text, re.S).group(1)
     assert "models.Pooling" in code and "model.save(" in code
-    show = "\nimport numpy as np\nprint(np.asarray(model.encode(%r)).round(6).tolist())\n" % SENTENCES
-    ours = np.array(eval(python(code + show, workdir)))
+    show = f"\nimport numpy as np\nprint(np.asarray(model.encode({SENTENCES!r})).round(6).tolist())\n"
+    ours = np.array(eval(python(code + show, workdir)[-1]))
     assert ours.shape == (3, 128) and np.isfinite(ours).all()
     assert (workdir / "runs" / "my-model-st" / "modules.json").is_file()
 
@@ -58,12 +58,14 @@ def test_readme_example_matches_stock_and_loads_without_bert_suite(workdir):
     stock_code = ("from sentence_transformers import SentenceTransformer, models\n"
                   "encoder = models.Transformer('stock')\n"
                   "model = SentenceTransformer(modules=[encoder, models.Pooling(128, pooling_mode='mean')])" + show)
-    stock = np.array(eval(python(stock_code, workdir, block_bert_suite=True)))
+    stock = np.array(eval(python(stock_code, workdir, block_bert_suite=True)[-1]))
     assert np.abs(ours - stock).max() < 1e-5
 
     # the saved folder, where bert_suite is not installed: its own modeling code, with trust_remote_code
     reload = ("from sentence_transformers import SentenceTransformer\n"
               "model = SentenceTransformer('runs/my-model-st', trust_remote_code=True)\n"
               "print(type(model[0].auto_model).__module__)" + show)
-    again = np.array(eval(python(reload, workdir, block_bert_suite=True)))
+    module, shown = python(reload, workdir, block_bert_suite=True)[-2:]
+    assert module.startswith("transformers_modules.")  # the folder's own modeling code ran
+    again = np.array(eval(shown))
     assert np.abs(again - ours).max() < 1e-5

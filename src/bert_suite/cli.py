@@ -275,19 +275,21 @@ def _grid(args: argparse.Namespace, rest: list[str]) -> None:
 
 
 def _record_grid_test_scores(out: Path, result: dict, scores: dict) -> None:
-    """A labelled test set's scores for the grid's best trial: in best/all_results.json, best_trial.json
-    (`test_metrics`) and a section of grid_results.md, marked as test: scored once, after the choice."""
-    from .report import test_section
+    """A labelled test set's scores for the grid's best trial: in best_trial.json (`test_metrics`) and a
+    section of grid_results.md, marked as test: scored once, after the choice (best/predictions/ holds the
+    predictions and test_results.json)."""
+    from .distributed import is_main_process
+    from .report import TEST_HEADING, test_section
 
-    if not scores:
+    if not scores or not is_main_process():
         return
-    _record_test_scores(out / "best", scores)
     result["best"]["test_metrics"] = scores
     atomic_write_text(out / "best_trial.json", json.dumps(result["best"], indent=2, default=float))
     report = Path(result["files"].get("grid_results.md", out / "grid_results.md"))
-    if report.is_file():
-        atomic_write_text(report, report.read_text().rstrip("\n") + "\n\n" + test_section(result["best"], scores))
-        print(test_section(result["best"], scores))
+    if report.is_file():  # every worker of a shared grid gets here: the section is replaced, never added twice
+        text = report.read_text().split("\n" + TEST_HEADING, 1)[0].rstrip("\n")
+        atomic_write_text(report, text + "\n\n" + test_section(result["best"], scores))
+    print(test_section(result["best"], scores))
 
 
 def _predict_test_files(card, model_dir: str, args: argparse.Namespace, precision=None) -> dict:
@@ -341,6 +343,10 @@ def card_info(card, args, metrics, training, grid_result=None, precision=None, t
         hparams.update({k: ", ".join(v) if isinstance(v, list) else v for k, v in lora.record().items()})
     task_types = {"classification": "text-classification", "squad": "question-answering",
                   "multiple_choice": "multiple-choice", "ner": "token-classification"}
+    # dev scores and the training loss only: not the run's bookkeeping (sample counts, parameter counts, LoRA's
+    # settings, which are hyper-parameters above)
+    metrics = {k: v for k, v in metrics.items() if (k.startswith("eval_") and not k.endswith("_samples"))
+               or k == "train_loss"}
     info = {"model_id": args.hub_model_id, "base_model": args.model, "task": card.name,
             "task_type": task_types.get(card.family, "text-classification"),
             "dataset": {"id": card.hub["path"], "config": card.hub.get("name"), "split": card.eval_splits[0]},

@@ -114,7 +114,7 @@ def grid_key(card: TaskCard, space: dict[str, list], max_samples: dict | None = 
     LoRA's settings (a LoRA grid is another study than full fine-tuning's)."""
     key = {k: sorted(map(float, v)) for k, v in space.items()}
     if lora is not None:
-        key["lora"] = {k: v for k, v in lora.record().items() if k not in space}
+        key["lora"] = lora_record(lora, space)
     if card.options:  # e.g. NER's context or SQuAD's doc_stride: other data, so another study
         key["options"] = card.options
     files = {split: spec.data_file for split, spec in card.splits.items() if spec.data_file}
@@ -123,6 +123,15 @@ def grid_key(card: TaskCard, space: dict[str, list], max_samples: dict | None = 
     if max_samples and any(v is not None for v in max_samples.values()):
         key["max_samples"] = max_samples
     return key
+
+
+def lora_record(lora: LoraSettings, space: dict[str, list]) -> dict:
+    """LoRA's settings as a grid has them: without the rank when it is an axis, and with alpha as the rule
+    (2 x the rank) when no --lora_alpha fixed it, so the ranks' order does not change the grid."""
+    record = {k: v for k, v in lora.record().items() if k not in space}
+    if LORA_AXIS in space and lora.alpha is None:
+        record["lora_alpha"] = f"2 x {LORA_AXIS}"
+    return record
 
 
 def describe_grid(key: dict) -> str:
@@ -543,7 +552,7 @@ def _run_points(study, storage, card, model, out, data_dir, tokenizer, max_seq_l
                        {"grid": space, "study_storage": storage.split("///")[0] + "///...", "study_name": study.study_name,
                         "selection": metric,
                         "max_samples": max_samples, **precision.record(),
-                        **({"lora": {k: v for k, v in lora.record().items() if k not in space}} if lora else {})})
+                        **({"lora": lora_record(lora, space)} if lora else {})})
     if bar is not None:
         bar.close()
     _drop_leftovers(study)

@@ -127,7 +127,8 @@ def model_card(info: dict) -> str:
     if tests:  # a labelled test set, scored once with the model chosen on dev
         parts += ["## Test results (labelled test set)",
                   "Scored once, with the model chosen on dev; the test set played no part in any choice.",
-                  _table(("metric", "value"), [(k.removeprefix("test_"), f"{100 * v:.2f}" if "loss" not in k else f"{v:.4f}")
+                  _table(("metric", "value"), [(k.removeprefix("test_"), f"{v:g}" if k.endswith(("total", "thresh"))
+                                                else f"{v:.4f}" if "loss" in k else f"{100 * v:.2f}")
                                                for k, v in tests.items()])]
     if info.get("grid"):
         parts += ["## Grid search", _demote_headings(info["grid"])]

@@ -92,10 +92,13 @@ def _columns(metric_keys: list[str], trials: list[dict] | None = None) -> list[s
     return ["trial", *REQUIRED_KEYS[1:4], *lora, *REQUIRED_KEYS[4:], *metric_keys, "train_runtime", "best", "error"]
 
 
+TEST_HEADING = "## Test set (best trial only)"
+
+
 def test_section(best: dict, scores: dict[str, float]) -> str:
     """The grid report's section for a labelled test set, scored once with the best trial (chosen on dev)."""
     rows = [[key.removeprefix("test_"), _fmt(value, _is_score(key))] for key, value in sorted(scores.items())]
-    return "\n".join(["## Test set (best trial only)", "",
+    return "\n".join([TEST_HEADING, "",
                       f"Trial {best['trial']}, chosen on dev, scored once on the labelled test set; the test scores "
                       "played no part in the choice.", "", *_md_table(["metric (test)", "value"], rows), ""])
 

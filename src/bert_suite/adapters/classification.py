@@ -136,6 +136,9 @@ def read_file_split(card: TaskCard, split: str, path: Path, skip_bad_rows: bool 
     table = read_data_file(path, expected)
     columns = {name: name if name in table.column_names or not isinstance(spec.columns.get(name), str)
                else spec.columns[name] for name in [*card.text_columns, card.label_column]}
+    gold = _test_label_column(card, split)  # a test file may name its label as the train split does (STS-B: score)
+    if gold is not None and columns[card.label_column] not in table.column_names and gold in table.column_names:
+        columns[card.label_column] = gold
     labelled = split not in card.test_splits or columns[card.label_column] in table.column_names
     wanted = [columns[c] for c in card.text_columns] + ([columns[card.label_column]] if labelled else [])
     check_columns(table, path, wanted, "the task's text" + (" and label columns" if labelled else " columns"))
@@ -213,8 +216,9 @@ def load_split(card: TaskCard, split: str, data_dir: str | Path | None = None,
     missing = [c for c in card.text_columns if c not in dataset.column_names]
     if missing:
         raise DataError(f"{source}: no column {missing[0]!r}")
-    if "label" in dataset.column_names and not card.is_regression and min(dataset["label"]) < 0:
-        dataset = dataset.remove_columns("label")  # the Hub marks unlabelled test rows with -1
+    if "label" in dataset.column_names and (min(dataset["label"]) < 0 if not card.is_regression
+                                            else set(dataset["label"]) == {-1.0}):
+        dataset = dataset.remove_columns("label")  # the Hub marks unlabelled test rows with -1 (STS-B too)
     return dataset
 
 

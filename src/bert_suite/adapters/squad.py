@@ -733,7 +733,9 @@ def write_outputs(directory: Path, card: TaskCard, split: str, examples, feature
     result = _result(card, examples, features, predictions)
     if version_2:
         threshold = float(settings.get(THRESHOLD_KEY, 0.0))
-        if THRESHOLD_KEY not in settings and any(len(a["text"]) for a in examples["answers"]):
+        # chosen on a labelled dev split only: on a test split (even a labelled one) the default applies
+        if THRESHOLD_KEY not in settings and split not in card.test_splits \
+                and any(len(a["text"]) for a in examples["answers"]):
             threshold = chosen[THRESHOLD_KEY] = _chosen_threshold(card, examples, result)
         # The threshold only decides between each question's best span and no answer: no second pass.
         result["predictions"] = {qid: "" if result["null_odds"][qid] > threshold else text
