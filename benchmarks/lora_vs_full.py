@@ -84,8 +84,9 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     p.add_argument("--precision", default="auto")
     p.add_argument("--output_dir", default="runs/bench/lora_vs_full")
+    p.add_argument("--name", default="lora_vs_full", help="the result file: runs/bench/NAME.json")
     args = p.parse_args(argv)
-    if not (Path(args.model) / "config.json").is_file():
+    if not args.model.startswith("preset:") and not (Path(args.model) / "config.json").is_file():
         raise SystemExit(f"{args.model}: no checkpoint there; run `make demo` first (it leaves runs/demo/pretrain/"
                          "final), or pass --model")
     runs = {"full": [], "lora": []}
@@ -98,7 +99,7 @@ def main(argv: list[str] | None = None) -> dict:
                "settings": {k: v for k, v in vars(args).items()},
                "full": summary(runs["full"]), "lora": summary(runs["lora"]), "runs": runs,
                "lora_minus_full": {"mean": statistics.fmean(diffs), "se": se, "per_seed": diffs}}
-    path = write_result("lora_vs_full", payload)
+    path = write_result(args.name, payload)
     f, lo = payload["full"], payload["lora"]
     print(f"\n| | trainable parameters | s/step | peak memory | dev {args.metric} (mean of {len(args.seeds)} seeds) |")
     print("|---|---:|---:|---:|---:|")
