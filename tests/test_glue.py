@@ -74,11 +74,11 @@ def test_grid_resumes_only_missing_trials_and_records_failures(tmp_path, monkeyp
     real = grid_module.train_and_evaluate
     calls = []
 
-    def interrupted(prepared, model, args, save_to=None):
+    def interrupted(prepared, model, args, save_to=None, **kwargs):
         calls.append(args.learning_rate)
         if len(calls) == 3:
             raise KeyboardInterrupt  # the grid process dies mid-trial
-        return real(prepared, model, args, save_to)
+        return real(prepared, model, args, save_to, **kwargs)
 
     monkeypatch.setattr(grid_module, "train_and_evaluate", interrupted)
     with pytest.raises(KeyboardInterrupt):
@@ -97,10 +97,10 @@ def test_grid_resumes_only_missing_trials_and_records_failures(tmp_path, monkeyp
     assert cli_main(argv) == 0 and calls == []  # nothing left to do
 
     # a trial that raises is recorded as failed with its reason and the grid goes on
-    def flaky(prepared, model, args, save_to=None):
+    def flaky(prepared, model, args, save_to=None, **kwargs):
         if args.learning_rate == 5e-4:
             raise RuntimeError("loss exploded")
-        return real(prepared, model, args, save_to)
+        return real(prepared, model, args, save_to, **kwargs)
 
     monkeypatch.setattr(grid_module, "train_and_evaluate", flaky)
     out2 = tmp_path / "grid2"

@@ -138,6 +138,10 @@ def test_finetune_with_lora_learns_with_the_encoder_frozen_and_saves_adapter_and
                      "--output_dir", str(tmp_path / "p")]) == 0
     scored = json.loads((tmp_path / "p" / "predictions" / "test_results.json").read_text())
     assert scored["accuracy"] == pytest.approx(results["test_accuracy"])
+    # and export takes it too: the merged model is an ordinary checkpoint
+    pytest.importorskip("onnxruntime")
+    assert cli_main(["export", "--to", "onnx", str(out), str(tmp_path / "onnx")]) == 0
+    assert (tmp_path / "onnx" / "model.onnx").is_file()
 
 
 def test_grid_over_lora_ranks(task, tmp_path):

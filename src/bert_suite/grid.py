@@ -414,6 +414,22 @@ def orphaned_trials(study: optuna.Study, grace_seconds: float = 60.0) -> list[op
     return orphans
 
 
+def _claim(study: optuna.Study, orphans: list) -> optuna.trial.Trial | None:
+    """The next trial this worker runs, claimed (this process written as its worker) under the storage lock:
+    the first orphaned trial if one is still orphaned, else the next waiting point. Outside the lock two
+    workers could take the same trial (SQLite does not serialise Optuna's pop of a waiting trial, and two
+    workers may see the same orphan); the second would then find it finished and fail to record its result.
+    None when the orphans seen were claimed by another worker meanwhile."""
+    with _storage_lock(study):
+        if orphans:
+            orphans = orphaned_trials(study)
+            if not orphans:
+                return None
+        trial = optuna.trial.Trial(study, orphans[0]._trial_id) if orphans else study.ask()
+        trial.set_user_attr("worker", {"host": socket.gethostname(), "pid": os.getpid()})
+        return trial
+
+
 def _point(params: dict) -> tuple:
     return tuple(params[a] for a in axes_of(params))
 
@@ -502,8 +518,9 @@ def _run_points(study, storage, card, model, out, data_dir, tokenizer, max_seq_l
             continue
         # An orphan keeps its number and grid point, so the finished grid numbers its trials exactly as an
         # uninterrupted run would; otherwise pop the next waiting point (the database hands it to one worker).
-        trial = optuna.trial.Trial(study, orphans[0]._trial_id) if orphans else study.ask()
-        trial.set_user_attr("worker", {"host": socket.gethostname(), "pid": os.getpid()})
+        trial = _claim(study, orphans)
+        if trial is None:  # another worker claimed the orphan first
+            continue
         trial.set_user_attr("precision", precision.label)  # each worker resolves its own (its CPU may differ)
         params = {axis: trial.suggest_categorical(axis, values) for axis, values in space.items()}
         if _taken(study, trial.number, _point(params), done):  # finished, or held by a trial before this one
