@@ -153,9 +153,9 @@ def table(rows: list[dict], columns: list[tuple[str, str]]) -> str:
         if isinstance(value, float):
             return f"{value:,.3g}" if abs(value) < 1000 else f"{value:,.0f}"
         return str(value)
-    from bert_suite.report import _md_table
+    from bert_suite.report import md_table
 
-    return "\n".join(_md_table([h for _, h in columns], [[cell(r.get(k, "")) for k, _ in columns] for r in rows]))
+    return "\n".join(md_table([h for _, h in columns], [[cell(r.get(k, "")) for k, _ in columns] for r in rows]))
 
 
 def skip(message: str) -> None:

@@ -347,6 +347,30 @@ def files_case(train: tuple[str, str | bytes], *extra: str, task: str | None = N
     return make
 
 
+_LISTENING: list = []  # sockets held open for the rest of the run (a port in use)
+
+
+def listening_port() -> int:
+    import socket
+
+    held = socket.socket()
+    held.bind(("127.0.0.1", 0))
+    held.listen()
+    _LISTENING.append(held)
+    return held.getsockname()[1]
+
+
+def grid_study(tmp: Path) -> Path:
+    """A folder with a grid.db holding one (empty) study, as a grid that has started leaves it."""
+    import optuna
+
+    folder = tmp / "grid"
+    folder.mkdir()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # its "new study" line would go to a closed stream
+    optuna.create_study(study_name="rte-grid-0", storage=f"sqlite:///{folder / 'grid.db'}")
+    return folder
+
+
 # ---------------------------------------------------------------------------------------------------- the cases
 
 
@@ -604,6 +628,18 @@ CASES = [
     Case("export-onnx-opset", "LoRA and export", "`export --to onnx RUN OUT --opset 30`",
          lambda tmp, env: ["export", "--to", "onnx", str(env.classifier), str(tmp / "out"), "--opset", "30"],
          r"--opset 30", None, r"not supported; expected 14\.\.22"),
+    # ---------------------------------------------------------------- dashboard
+    Case("dashboard-no-study", "dashboard", "`dashboard FOLDER` on a folder that holds no grid",
+         lambda tmp, env: ["dashboard", str(write(tmp / "notes" / "notes.txt", "hello").parent)],
+         r"notes", r"no grid study \(no grid\.db; found: notes\.txt\)", r"expected the --output_dir of a `bert-suite grid`"),
+    Case("dashboard-storage-unreachable", "dashboard", "`dashboard --storage postgresql+psycopg://grid:secret@127.0.0.1:1/db` "
+         "(nothing listens there)",
+         lambda tmp, env: ["dashboard", "--storage", "postgresql+psycopg://grid:secret@127.0.0.1:1/db"],
+         r"--storage postgresql\+psycopg://grid:\*\*\*@127\.0\.0\.1:1/db", None,
+         r"cannot read the grid study there .*expected a reachable database"),
+    Case("dashboard-port-in-use", "dashboard", "`dashboard RUN --port P` where another program listens on P",
+         lambda tmp, env: ["dashboard", str(grid_study(tmp)), "--port", str(listening_port())],
+         r"--port \d+", r"127\.0\.0\.1:\d+ is in use", r"expected a free port"),
     # ---------------------------------------------------------------- tokenizer / vocabulary
     Case("vocab-without-mask", "tokenizer", "`pretrain-data` with a vocab.txt lacking [MASK]",
          pretrain_data(None, [t for t in VOCAB if t != "[MASK]"]),

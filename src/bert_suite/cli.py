@@ -31,6 +31,12 @@ def _export(args: argparse.Namespace, rest: list[str]) -> None:
     print(f"exported {args.src} -> {dst} (stock transformers BERT)")
 
 
+def _dashboard(args: argparse.Namespace, rest: list[str]) -> None:
+    from .dashboard import serve
+
+    serve(args.run_dir, args.storage, args.study_name, args.host, args.port)
+
+
 def _training_overrides(rest: list[str]) -> dict:
     """TrainingArguments flags given on the command line (only those, so card defaults apply to
     the rest), parsed and type-checked by HfArgumentParser."""

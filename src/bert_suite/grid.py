@@ -30,6 +30,7 @@ import optuna
 from optuna.samplers import GridSampler
 from optuna.trial import TrialState
 from tqdm.auto import tqdm
+from transformers import TrainerCallback
 
 from .cards import TaskCard
 from .faults import failpoint
@@ -362,6 +363,19 @@ def _taken(study: optuna.Study, number: int, point: tuple, done: set) -> bool:
                                                                  TrialState.COMPLETE)))
 
 
+class _EpochReporter(TrainerCallback):
+    """Reports the trial's dev metric after every evaluation as an Optuna intermediate value (step: the epoch,
+    rounded up to a whole one), so a study viewer draws each trial's learning curve while the grid runs."""
+
+    def __init__(self, trial: optuna.trial.Trial, metric: str):
+        self.trial, self.metric = trial, metric
+
+    def on_evaluate(self, args, state, control, metrics=None, **kwargs):
+        value = (metrics or {}).get(self.metric)
+        if value is not None and math.isfinite(value):
+            self.trial.report(float(value), step=max(1, math.ceil(round(state.epoch or 0, 6))))
+
+
 class _Heartbeat:
     """Records the trial's heartbeat in the study every `interval` seconds while it trains (Optuna's
     heartbeat table, which `fail_stale_trials` reads on every worker)."""
@@ -529,6 +543,10 @@ def _run_points(study, storage, card, model, out, data_dir, tokenizer, max_seq_l
             continue
         beat = _Heartbeat(study, trial._trial_id, heartbeat_interval)
         trial_dir = out / "trials" / f"trial-{trial.number:03d}"
+        # what a reader of the study (optuna-dashboard, `bert-suite dashboard`) needs beside the parameters
+        for key, value in (("task", card.name), ("metric", metric), ("seed", params["seed"]),
+                           ("run_folder", str(trial_dir.resolve()))):
+            trial.set_user_attr(key, value)
         if orphans:
             tqdm.write(f"[grid] trial {trial.number} {params} was interrupted: running it again")
             shutil.rmtree(trial_dir, ignore_errors=True)  # whatever the dead run left half-written
@@ -536,7 +554,8 @@ def _run_points(study, storage, card, model, out, data_dir, tokenizer, max_seq_l
             hparams = {k: v for k, v in params.items() if k != LORA_AXIS}  # the rest are TrainingArguments
             args = training_arguments(card, str(trial_dir), {**(overrides or {}), **hparams})
             trial_lora = lora.with_rank(params[LORA_AXIS]) if lora is not None and LORA_AXIS in params else lora
-            result = train_and_evaluate(prepared, model, args, save_to=trial_dir / "checkpoint", lora=trial_lora)
+            result = train_and_evaluate(prepared, model, args, save_to=trial_dir / "checkpoint", lora=trial_lora,
+                                        callbacks=[_EpochReporter(trial, metric)])
             failpoint("grid.trial_trained")
             value = result["metrics"].get(metric)
             # a diverged model can still score (argmax of NaN logits), so every loss is checked too

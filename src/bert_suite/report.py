@@ -63,7 +63,8 @@ def _fmt(value, percent: bool = False) -> str:
     return str(value)
 
 
-def _md_table(header: list[str], rows: list[list[str]]) -> list[str]:
+def md_table(header: list[str], rows: list[list[str]]) -> list[str]:
+    """A Markdown table as lines (pipes and newlines in cells escaped), for reports and benchmark results."""
     def cell(text: str) -> str:  # a pipe or newline would break the table layout
         return str(text).replace("|", "\\|").replace("\n", " ")
 
@@ -100,7 +101,7 @@ def test_section(best: dict, scores: dict[str, float]) -> str:
     rows = [[key.removeprefix("test_"), _fmt(value, _is_score(key))] for key, value in sorted(scores.items())]
     return "\n".join([TEST_HEADING, "",
                       f"Trial {best['trial']}, chosen on dev, scored once on the labelled test set; the test scores "
-                      "played no part in the choice.", "", *_md_table(["metric (test)", "value"], rows), ""])
+                      "played no part in the choice.", "", *md_table(["metric (test)", "value"], rows), ""])
 
 
 def _markdown(trials, metric, task, metric_keys, best, paper, plot_note) -> str:
@@ -118,14 +119,14 @@ def _markdown(trials, metric, task, metric_keys, best, paper, plot_note) -> str:
         row += [_fmt(metrics.get(k), _is_score(k)) for k in metric_keys]
         row.append(_fmt(t.get("train_runtime")))
         rows.append(row + ["★" if star else "", t.get("error") or ""])
-    lines += _md_table(_columns(metric_keys, trials), rows) + [""]
+    lines += md_table(_columns(metric_keys, trials), rows) + [""]
 
     lines += ["## Mean ± std across seeds per setting", ""]
     lora = LORA_KEY in _setting_keys(trials)
     rows = [[f"{key[0]:g}", str(key[1]), f"{key[2]:g}", *([str(key[3])] if lora else []), str(len(v)),
              f"{100 * statistics.fmean(v):.2f} ± {100 * statistics.pstdev(v):.2f}"]
             for key, v in _settings(trials, metric).items()]
-    lines += _md_table(["learning_rate", "batch size", "epochs", *(["LoRA rank"] if lora else []), "seeds",
+    lines += md_table(["learning_rate", "batch size", "epochs", *(["LoRA rank"] if lora else []), "seeds",
                         f"{metric} mean ± std"], rows)
     lines += ["", "std is the population std (ddof=0), so a single seed shows 0.00.", ""]
 

@@ -294,7 +294,8 @@ def selection_key(card: TaskCard) -> str:
 
 
 def train_and_evaluate(prepared: Prepared, model_name: str, args: TrainingArguments,
-                       save_to: Path | None = None, lora: LoraSettings | None = None) -> dict:
+                       save_to: Path | None = None, lora: LoraSettings | None = None,
+                       callbacks: list[TrainerCallback] | None = None) -> dict:
     """Fine-tune with per-epoch dev evaluation; write `all_results.json` and dev predictions into
     args.output_dir and the model into `save_to` (default: args.output_dir). With `lora`, only the LoRA
     matrices and the head train; the adapter goes to <save_to>/adapter and the merged model to save_to.
@@ -320,7 +321,7 @@ def train_and_evaluate(prepared: Prepared, model_name: str, args: TrainingArgume
         data_collator=adapter.collator(prepared.tokenizer),
         processing_class=prepared.tokenizer,
         compute_metrics=adapter.metric_fn(card, prepared.raw[first], prepared.encoded[first]),
-        callbacks=[_StepFailpoint()],
+        callbacks=[_StepFailpoint(), *(callbacks or [])],
     )
     start = time.time()
     checkpoint = resume_checkpoint(args)

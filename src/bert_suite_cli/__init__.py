@@ -14,7 +14,7 @@ import sys
 
 # Command -> what it does (the help lists them in these groups).
 GROUPS = {
-    "fine-tuning": ("finetune", "grid", "predict", "tasks"),
+    "fine-tuning": ("finetune", "grid", "dashboard", "predict", "tasks"),
     "results and scoring": ("glue-package", "score"),
     "pre-training": ("tokenizer", "pretrain-data", "corpus", "demo"),
     "feature-based (Table 7)": ("extract-features", "feature-ner"),
@@ -36,7 +36,9 @@ EXAMPLES = {
     "extract-features": "bert-suite extract-features --model bert-base-cased --input valid.txt --layers all "
                         "--pool weighted --output_dir feats/dev",
     "feature-ner": "bert-suite feature-ner --train_features feats/train --dev_features feats/dev --output_dir tagger",
-    "export": "bert-suite export --to bert runs/rte/ stock_rte/",
+    "export": "bert-suite export --to bert runs/rte/ stock_rte/\n"
+              "  bert-suite export --to onnx runs/rte/ runs/rte-onnx/",
+    "dashboard": "bert-suite dashboard runs/rte-grid --port 8080",
 }
 
 _HELP: dict[str, str] = {}  # filled by build_parser from each command's help
@@ -168,6 +170,14 @@ def build_parser() -> argparse.ArgumentParser:
                       "(default: 120)")
     grid.add_argument("--keep_all", action="store_true", help="keep every trial's checkpoint, not only the best")
     grid.set_defaults(func="_grid", takes_training_flags=True)
+
+    dash = sub.add_parser("dashboard", help="watch a grid in the browser (optuna-dashboard): trials, learning curves")
+    dash.add_argument("run_dir", nargs="?", metavar="RUN_DIR", help="the grid's --output_dir (its grid.db)")
+    dash.add_argument("--storage", help="the grid's --storage URL instead (sqlite:///FILE, postgresql+psycopg://...)")
+    dash.add_argument("--study_name", help="the study to open first (default: the newest)")
+    dash.add_argument("--host", default="127.0.0.1", help="address to serve on (default: 127.0.0.1, this machine only)")
+    dash.add_argument("--port", type=int, default=8080, help="default: 8080")
+    dash.set_defaults(func="_dashboard")
 
     pred = sub.add_parser("predict", help="predict a split with a fine-tuned checkpoint")
     pred.add_argument("task", nargs="?", help="task card name or path (default: the task_card.yaml saved with "
