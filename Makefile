@@ -42,7 +42,7 @@ lint: install  ## ruff on all Python in the repository
 clean:  ## remove .venv and build outputs
 	rm -rf $(VENV) .pytest_cache build dist src/*.egg-info
 
-# ---- GLUE: the paper's exhaustive grid on one task (see README "GLUE") --------------------------
+# ---- GLUE: the paper's exhaustive grid on one task (see docs/glue.md) --------------------------
 TASK      ?= rte
 MODEL     ?= google-bert/bert-base-uncased
 DATA_DIR  ?=
@@ -57,7 +57,7 @@ glue: install  ## the paper's grid on a GLUE task (TASK=rte MODEL=... DATA_DIR=.
 	$(BIN)/bert-suite grid $(TASK) --model $(MODEL) --output_dir $(OUT) \
 		$(DATA_FLAGS) $(GRID_ARGS)
 
-# ---- SQuAD: the card's grid (paper: v1.1 3 epochs, v2.0 2 epochs, lr 5e-5); see README "SQuAD" ----
+# ---- SQuAD: the card's grid (paper: v1.1 3 epochs, v2.0 2 epochs, lr 5e-5); see docs/squad.md ----
 # DATA_DIR holds the official train-v1.1.json/dev-v1.1.json (or the v2.0 files); empty = the Hub.
 VERSION   ?= 1
 SQUAD_CARD = $(if $(filter 2 2.0,$(VERSION)),squad/v2,squad/v1)
@@ -67,7 +67,7 @@ squad: install  ## the SQuAD grid (VERSION=1|2)
 	$(BIN)/bert-suite grid $(SQUAD_CARD) --model $(MODEL) --output_dir $(or $(SQUAD_OUT),runs/squad-v$(VERSION)-grid) \
 		$(DATA_FLAGS) $(GRID_ARGS)
 
-# ---- SWAG and CoNLL-2003 NER: the cards' grids (see README "SWAG and NER") -------------------
+# ---- SWAG and CoNLL-2003 NER: the cards' grids (see docs/swag-ner.md) -------------------
 # NER_CONTEXT=document|sentence (the paper: document context)
 NER_CONTEXT ?= document
 
@@ -81,7 +81,7 @@ ner: install  ## the CoNLL-2003 grid (NER_CONTEXT=document|sentence)
 		--output_dir $(or $(NER_OUT),runs/conll2003-$(NER_CONTEXT)-grid) \
 		$(DATA_FLAGS) $(GRID_ARGS)
 
-# ---- Pre-training (see README "Pre-training") ---------------------------------------------------
+# ---- Pre-training (see docs/pretraining.md) ---------------------------------------------------
 # `make pretrain` runs the tiny config end to end on the embedded corpus (stdlib documentation);
 # PRETRAIN_CONFIG / PRETRAIN_ARGS (key=value overrides) / ACCELERATE_CONFIG choose otherwise.
 PRETRAIN_CONFIG   ?= recipes/configs/pretrain/tiny.yaml

@@ -1,6 +1,6 @@
 """`bert-suite export --to onnx`: every head exported and checked in onnxruntime, the graph of our checkpoint
-against the graph of the stock checkpoint of the same weights, dynamic batch and length, and the README's
-"Deploying" example run as written."""
+against the graph of the stock checkpoint of the same weights, dynamic batch and length, and the
+"Deploying" example (docs/deploying.md) run as written."""
 
 import json
 import re
@@ -71,12 +71,12 @@ def tiny_classifier(folder: Path) -> Path:
 
 
 def readme_block(heading: str) -> str:
-    text = (REPO / "README.md").read_text()
+    text = (REPO / "docs" / "deploying.md").read_text()
     section = text.split(heading, 1)[1]
     return re.search(r"```python\n(.*?)```", section, re.S).group(1)
 
 
-def test_cli_export_and_the_readme_deploying_example(tmp_path, capsys):
+def test_cli_export_and_the_documented_serving_example(tmp_path, capsys):
     run_dir = tiny_classifier(tmp_path / "runs" / "rte")
     assert cli_main(["export", "--to", "onnx", str(run_dir), str(tmp_path / "runs" / "rte-onnx"), "--opset", "17"]) == 0
     printed = capsys.readouterr()
@@ -84,7 +84,7 @@ def test_cli_export_and_the_readme_deploying_example(tmp_path, capsys):
     assert "torch.onnx" not in printed.out  # the exporter's narration stays out of a successful run
     folder = tmp_path / "runs" / "rte-onnx"
     assert {"model.onnx", "config.json", "tokenizer.json"} <= {p.name for p in folder.iterdir()}
-    code = readme_block("## Deploying")
+    code = readme_block("## ONNX Runtime")
     assert len(code.strip().splitlines()) <= 12 and "onnxruntime" in code
     done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]

@@ -1,4 +1,4 @@
-"""sentence-transformers on bert_suite checkpoints: the README's example as written (pooling, saving), its
+"""sentence-transformers on bert_suite checkpoints: the documented example (docs/deploying.md) as written (pooling, saving), its
 embeddings against those of the stock checkpoint of the same weights, and the saved folder loaded where
 bert_suite is not installed (trust_remote_code)."""
 
@@ -22,7 +22,7 @@ SENTENCES = ["a man plays guitar .", "a person makes music .", "nobody is here"]
 
 @pytest.fixture
 def workdir(tmp_path):
-    """runs/my-model: a tiny bert_suite encoder with a word-level tokenizer, as the README's example names it."""
+    """runs/my-model: a tiny bert_suite encoder with a word-level tokenizer, as the documented example names it."""
     words = "a man plays guitar person makes music nobody is here the room full".split()
     folder = tmp_path / "runs" / "my-model"
     folder.mkdir(parents=True)
@@ -44,8 +44,8 @@ def python(code: str, cwd, *, block_bert_suite: bool = False) -> list[str]:
     return done.stdout.strip().splitlines()
 
 
-def test_readme_example_matches_stock_and_loads_without_bert_suite(workdir):
-    text = (REPO / "README.md").read_text().split("## Sentence embeddings", 1)[1]
+def test_documented_example_matches_stock_and_loads_without_bert_suite(workdir):
+    text = (REPO / "docs" / "deploying.md").read_text().split("## Sentence embeddings", 1)[1]
     code = re.search(r"```python\n(.*?)```", text, re.S).group(1)
     assert "models.Pooling" in code and "model.save(" in code
     show = f"\nimport numpy as np\nprint(np.asarray(model.encode({SENTENCES!r})).round(6).tolist())\n"

@@ -249,7 +249,7 @@ def _grid(args: argparse.Namespace, rest: list[str]) -> None:
 
     if launched_processes() > 1:
         raise ValueError("grid runs whole trials, one per process: start one `bert-suite grid` per GPU or machine "
-                         "with the same --storage instead of a launcher (README, \"Scaling out\")")
+                         "with the same --storage instead of a launcher (docs/scaling-out.md)")
     card = _load_card(args)
     owned = [f"--{name} (use {flag})" for name, flag in GRID_AXES.items() if name in overrides]
     if owned:  # the grid would overwrite it with its own values

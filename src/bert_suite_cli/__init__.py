@@ -311,6 +311,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+_NUMBER_LIST = re.compile(r"-\d+(,-?\d+)+")  # a comma list of numbers starting with a minus
 _EXPONENT_NUMBER = re.compile(r"-(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
 
 
@@ -320,7 +321,13 @@ def _plain_negative_numbers(argv: list[str]) -> list[str]:
     never reach the check that names the flag."""
     from decimal import Decimal
 
-    return [format(Decimal(a), "f") if _EXPONENT_NUMBER.fullmatch(a) else a for a in argv]
+    out: list[str] = []
+    for a in argv:
+        if _NUMBER_LIST.fullmatch(a) and out and out[-1].startswith("--") and "=" not in out[-1]:
+            out[-1] = f"{out[-1]}={a}"  # --layers -1,-2,-3,-4: a list of numbers, not a flag
+        else:
+            out.append(format(Decimal(a), "f") if _EXPONENT_NUMBER.fullmatch(a) else a)
+    return out
 
 
 def _give_back_flag_value(args: argparse.Namespace, argv: list[str], rest: list[str]) -> None:
