@@ -136,6 +136,32 @@ def _answers(url: str) -> bool:
         return False
 
 
+def test_the_dashboard_serves_a_study_on_postgresql(postgres_url, tmp_path):
+    """--storage URL: the grid's study on PostgreSQL, read by the dashboard's own API (what the page loads)."""
+    import json
+
+    from helpers import fresh_database
+
+    url = fresh_database(postgres_url)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(study_name="rte-grid-pg", storage=url, direction="maximize")
+    trial = study.ask({"learning_rate": optuna.distributions.CategoricalDistribution([1e-3])})
+    trial.report(0.7, step=1)
+    study.tell(trial, 0.8)
+    port = free_port()
+    dashboard = subprocess.Popen([sys.executable, "-m", "bert_suite.cli", "dashboard", "--storage", url, "--port",
+                                  str(port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_for(lambda: _answers(f"http://127.0.0.1:{port}/dashboard"), 60, "the dashboard to answer")
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/studies", timeout=10) as response:
+            studies = json.loads(response.read())["study_summaries"]
+        assert [s["study_name"] for s in studies] == ["rte-grid-pg"]
+    finally:
+        dashboard.terminate()
+        dashboard.wait(timeout=30)
+    assert "(study rte-grid-pg;" in dashboard.stdout.read()
+
+
 def test_refusals_name_the_folder_the_url_and_the_port(tmp_path, monkeypatch):
     (tmp_path / "notes.txt").write_text("not a grid")
     with pytest.raises(DashboardError, match=r"no grid study \(no grid\.db; found: notes\.txt\).*--output_dir of a"):
