@@ -131,3 +131,11 @@ def test_atomic_write_keeps_old_content_and_no_temp_file_when_replace_fails(tmp_
         atomic_write_text(target, "new")
     assert target.read_text() == "old"
     assert os.listdir(tmp_path) == ["out.md"]
+
+
+def test_heatmap_titles_count_epochs_in_english():
+    from bert_suite.report import heatmap_title
+
+    assert heatmap_title("eval_accuracy", 1) == "eval_accuracy, 1 epoch (mean over seeds)"
+    assert heatmap_title("eval_accuracy", 2.0) == "eval_accuracy, 2 epochs (mean over seeds)"
+    assert heatmap_title("eval_f1", 0.5, 8) == "eval_f1, 0.5 epochs, LoRA rank 8 (mean over seeds)"

@@ -152,6 +152,12 @@ def _markdown(trials, metric, task, metric_keys, best, paper, plot_note) -> str:
     return "\n".join(lines)
 
 
+def heatmap_title(metric: str, epochs: float, rank: int | None = None) -> str:
+    """`eval_accuracy, 1 epoch (mean over seeds)`; a grid over LoRA ranks names the rank too."""
+    return (f"{metric}, {epochs:g} epoch{'' if epochs == 1 else 's'}" + (f", LoRA rank {rank}" if rank is not None
+            else "") + " (mean over seeds)")
+
+
 def _plots(trials: list[dict], metric: str, best: dict | None, out: Path) -> dict[str, Path]:
     import numpy as np
     from matplotlib.figure import Figure
@@ -174,8 +180,7 @@ def _plots(trials: list[dict], metric: str, best: dict | None, out: Path) -> dic
         fig.colorbar(image, ax=ax, label=f"{metric} (%)")
         ax.set(xticks=range(len(sizes)), xticklabels=[str(s) for s in sizes], xlabel="batch size",
                yticks=range(len(lrs)), yticklabels=[f"{lr:g}" for lr in lrs], ylabel="learning rate",
-               title=f"{metric}, {epochs:g} epoch{'' if epochs == 1 else 's'}"
-                     + (f", LoRA rank {rank}" if rank is not None else "") + " (mean over seeds)")
+               title=heatmap_title(metric, epochs, rank))
         middle = np.nanmean([np.nanmin(grid), np.nanmax(grid)])
         for (r, c), value in np.ndenumerate(grid):
             if not np.isnan(value):  # dark text on the bright end of viridis, light on the dark end
