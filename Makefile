@@ -24,7 +24,10 @@ $(STAMP): pyproject.toml constraints.txt | $(BIN)/python
 	@# the dashboard's browser test drives Debian's chromium (playwright cannot download its own browser here)
 	@command -v chromium >/dev/null 2>&1 || { if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 		echo "installing Debian's chromium for the browser test"; \
-		apt-get install -y -q chromium >/dev/null 2>&1 || { apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null; }; \
+		export DEBIAN_FRONTEND=noninteractive; \
+		apt-get install -y -q --no-install-recommends chromium >/dev/null 2>&1 || { apt-get update -q >/dev/null 2>&1 && \
+		apt-get install -y -q --no-install-recommends chromium >/dev/null 2>&1; } || \
+		echo "note: chromium could not be installed; the dashboard's browser test will be skipped"; \
 	else echo "note: no chromium; as root: apt-get install chromium (the dashboard's browser test is skipped without it)"; fi; }
 	touch $(STAMP)
 

@@ -67,8 +67,9 @@ def test_the_dashboard_shows_a_running_grid_in_a_browser(tmp_path):
     data = write_rte_like(tmp_path / "data", n_train=160, n_dev=40)
     out = tmp_path / "grid"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    logs = {name: open(tmp_path / f"{name}.log", "w+") for name in ("grid", "dashboard")}  # a pipe could fill up
     grid = subprocess.Popen([sys.executable, "-m", "bert_suite.cli", *grid_argv(data, out)], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            stdout=logs["grid"], stderr=subprocess.STDOUT, text=True)
     port = free_port()
     dashboard = None
     try:
@@ -77,7 +78,7 @@ def test_the_dashboard_shows_a_running_grid_in_a_browser(tmp_path):
         wait_for(lambda: _running_trials(out), 120, "a running trial of the grid")
         os.kill(grid.pid, signal.SIGSTOP)
         dashboard = subprocess.Popen([sys.executable, "-m", "bert_suite.cli", "dashboard", str(out), "--port", str(port)],
-                                     env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                                     env=env, stdout=logs["dashboard"], stderr=subprocess.STDOUT, text=True)
         url = f"http://127.0.0.1:{port}/dashboard"
         wait_for(lambda: _answers(url), 60, "the dashboard to answer")
         name = optuna.get_all_study_names(f"sqlite:///{out / 'grid.db'}")[0]
@@ -89,7 +90,7 @@ def test_the_dashboard_shows_a_running_grid_in_a_browser(tmp_path):
             page.goto(f"{url}/studies/1/trials", wait_until="networkidle")
             page.get_by_text("Running").first.wait_for(timeout=30_000)  # with its trial in progress
             os.kill(grid.pid, signal.SIGCONT)
-            assert grid.wait(timeout=300) == 0, grid.stdout.read()[-3000:]
+            assert grid.wait(timeout=300) == 0, (tmp_path / "grid.log").read_text()[-3000:]
             page.goto(f"{url}/studies/1/trials", wait_until="networkidle")
             page.get_by_text("4 Trials").wait_for(timeout=30_000)  # the trial count matches the grid
             page.get_by_text("Trial 0", exact=True).first.click()
@@ -111,8 +112,7 @@ def test_the_dashboard_shows_a_running_grid_in_a_browser(tmp_path):
                 os.kill(proc.pid, signal.SIGCONT)
                 proc.terminate()
                 proc.wait(timeout=30)
-    said = dashboard.stdout.read()
-    assert f"http://127.0.0.1:{port}/dashboard/studies/1" in said
+    assert f"http://127.0.0.1:{port}/dashboard/studies/1" in (tmp_path / "dashboard.log").read_text()
 
 
 def _running_trials(out: Path) -> int:
@@ -149,8 +149,9 @@ def test_the_dashboard_serves_a_study_on_postgresql(postgres_url, tmp_path):
     trial.report(0.7, step=1)
     study.tell(trial, 0.8)
     port = free_port()
+    log = open(tmp_path / "dashboard.log", "w+")
     dashboard = subprocess.Popen([sys.executable, "-m", "bert_suite.cli", "dashboard", "--storage", url, "--port",
-                                  str(port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                                  str(port)], stdout=log, stderr=subprocess.STDOUT, text=True)
     try:
         wait_for(lambda: _answers(f"http://127.0.0.1:{port}/dashboard"), 60, "the dashboard to answer")
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/studies", timeout=10) as response:
@@ -159,7 +160,7 @@ def test_the_dashboard_serves_a_study_on_postgresql(postgres_url, tmp_path):
     finally:
         dashboard.terminate()
         dashboard.wait(timeout=30)
-    assert "(study rte-grid-pg;" in dashboard.stdout.read()
+    assert "(study rte-grid-pg;" in (tmp_path / "dashboard.log").read_text()
 
 
 def test_refusals_name_the_folder_the_url_and_the_port(tmp_path, monkeypatch):
@@ -175,6 +176,14 @@ def test_refusals_name_the_folder_the_url_and_the_port(tmp_path, monkeypatch):
         port = taken.getsockname()[1]
         with pytest.raises(DashboardError, match=rf"--port {port}: 127\.0\.0\.1:{port} is in use"):
             check_port("127.0.0.1", port)
+    with pytest.raises(DashboardError, match=r"--port 70000: expected a port number from 1 to 65535"):
+        check_port("127.0.0.1", 70000)
+    with pytest.raises(DashboardError, match=r"give one, the grid's output folder or the --storage URL"):
+        serve(str(tmp_path), storage="sqlite:///x.db")
+    with pytest.raises(DashboardError, match=r"--storage sqlite:///\S*missing\.db: no such database file"):
+        serve(None, storage=f"sqlite:///{tmp_path / 'missing.db'}")
+    assert not (tmp_path / "missing.db").exists()  # a mistyped path creates no empty database
     monkeypatch.setitem(sys.modules, "optuna_dashboard", None)
+    (tmp_path / "grid.db").write_text("")  # past the folder check, to the import
     with pytest.raises(DashboardError, match=r'pip install "bert_suite\[dashboard\]"'):
         serve(str(tmp_path))

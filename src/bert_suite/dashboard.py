@@ -18,7 +18,13 @@ class DashboardError(ValueError):
 
 def study_storage(run_dir: str | None, storage: str | None) -> str:
     """The storage URL to serve: --storage, else the grid.db a `bert-suite grid` writes into its folder."""
+    if storage and run_dir:
+        raise DashboardError(f"{run_dir} and --storage {storage.split('@')[-1]}: give one, the grid's output folder "
+                             "or the --storage URL its workers share")
     if storage:
+        if storage.startswith("sqlite:///") and not Path(storage[len("sqlite:///"):]).is_file():
+            raise DashboardError(f"--storage {storage}: no such database file; expected the grid's grid.db (or "
+                                 "the --storage the grid was given)")
         return storage
     if run_dir is None:
         raise DashboardError("give the grid's output folder (RUN_DIR) or --storage URL")
@@ -36,10 +42,11 @@ def open_storage(url: str):
     storage is an error naming the URL without its password."""
     import optuna
 
-    from .grid import _safe_url
+    from .grid import _safe_url, engine_kwargs
 
     try:
-        storage = optuna.storages.RDBStorage(url, skip_table_creation=True) if "://" in url else None
+        storage = optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs(url), skip_table_creation=True) \
+            if "://" in url else None
         if storage is None:
             raise ValueError("not a database URL")
         summaries = optuna.get_all_study_summaries(storage)
@@ -52,7 +59,10 @@ def open_storage(url: str):
 
 def check_port(host: str, port: int) -> None:
     """Bind once to see that the port is free: the server's own failure would come after the URL was printed."""
+    if not 1 <= port <= 65535:
+        raise DashboardError(f"--port {port}: expected a port number from 1 to 65535")
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds: TIME_WAIT is not "in use"
         try:
             probe.bind((host, port))
         except OSError as err:
@@ -64,11 +74,11 @@ def check_port(host: str, port: int) -> None:
 def serve(run_dir: str | None, storage: str | None = None, study_name: str | None = None, host: str = "127.0.0.1",
           port: int = 8080, log=print) -> None:
     """Serve the grid's study until interrupted (Ctrl-C)."""
+    url = study_storage(run_dir, storage)
     try:
         import optuna_dashboard
     except ImportError:
         raise DashboardError(f"dashboard needs optuna-dashboard: {EXTRA}") from None
-    url = study_storage(run_dir, storage)
     backend, summaries = open_storage(url)
     names = [s.study_name for s in summaries]
     if study_name and study_name not in names:
@@ -79,8 +89,10 @@ def serve(run_dir: str | None, storage: str | None = None, study_name: str | Non
     if not names:
         raise DashboardError(f"{run_dir or url}: the storage holds no study yet; expected a grid that has started")
     check_port(host, port)
-    shown = study_name or names[-1]
+    newest = max(summaries, key=lambda s: s._study_id)
+    shown = study_name or newest.study_name
     study_id = next(s._study_id for s in summaries if s.study_name == shown)
-    log(f"optuna-dashboard for {run_dir or 'the grid'}: http://{host}:{port}/dashboard/studies/{study_id} "
+    address = f"[{host}]" if ":" in host else host
+    log(f"optuna-dashboard for {run_dir or 'the grid'}: http://{address}:{port}/dashboard/studies/{study_id} "
         f"(study {shown}; {len(names)} in the storage; Ctrl-C stops it)")
     optuna_dashboard.run_server(backend, host=host, port=port)

@@ -213,6 +213,15 @@ class StorageError(RunError):
     """A study storage that cannot be used (driver missing, database unreachable, another grid)."""
 
 
+def engine_kwargs(storage: str) -> dict:
+    """SQLAlchemy settings for a study storage shared by workers (and read by the dashboard)."""
+    if storage.startswith("sqlite"):
+        return {"connect_args": {"timeout": 60}}  # wait for another worker's write instead of failing
+    if storage.startswith(("postgresql", "mysql")):
+        return {"connect_args": {"connect_timeout": 10}, "pool_pre_ping": True}  # an unreachable host: 10 s
+    return {}
+
+
 def _safe_url(url: str) -> str:
     try:
         from sqlalchemy.engine import make_url
@@ -242,11 +251,7 @@ def open_study(storage: str, name: str, sampler=None, heartbeat_interval: int = 
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning, module="optuna")
     warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
     safe = _safe_url(storage)
-    kwargs: dict = {}
-    if storage.startswith("sqlite"):
-        kwargs = {"connect_args": {"timeout": 60}}  # wait for another worker's write instead of failing
-    elif storage.startswith(("postgresql", "mysql")):
-        kwargs = {"connect_args": {"connect_timeout": 10}, "pool_pre_ping": True}
+    kwargs = engine_kwargs(storage)
     for attempt in range(attempts):
         try:
             rdb = optuna.storages.RDBStorage(storage, engine_kwargs=kwargs, heartbeat_interval=heartbeat_interval,
@@ -373,7 +378,10 @@ class _EpochReporter(TrainerCallback):
     def on_evaluate(self, args, state, control, metrics=None, **kwargs):
         value = (metrics or {}).get(self.metric)
         if value is not None and math.isfinite(value):
-            self.trial.report(float(value), step=max(1, math.ceil(round(state.epoch or 0, 6))))
+            # written through the storage, not Trial.report: a trial run again after its worker died keeps its
+            # id, and report() would keep the dead run's values for the epochs it had reached
+            step = max(1, math.ceil(round(state.epoch or 0, 6)))
+            self.trial.study._storage.set_trial_intermediate_value(self.trial._trial_id, step, float(value))
 
 
 class _Heartbeat:
