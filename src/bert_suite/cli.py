@@ -31,6 +31,12 @@ def _export(args: argparse.Namespace, rest: list[str]) -> None:
     print(f"exported {args.src} -> {dst} (stock transformers BERT)")
 
 
+def _decontaminate(args: argparse.Namespace, rest: list[str]) -> None:
+    from .pretraining.decontaminate import decontaminate
+
+    decontaminate(args.input, args.against, args.output_dir, args.ngram)
+
+
 def _dashboard(args: argparse.Namespace, rest: list[str]) -> None:
     from .dashboard import serve
 

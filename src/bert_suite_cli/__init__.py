@@ -16,7 +16,7 @@ import sys
 GROUPS = {
     "fine-tuning": ("finetune", "grid", "dashboard", "predict", "tasks"),
     "results and scoring": ("glue-package", "score"),
-    "pre-training": ("tokenizer", "pretrain-data", "corpus", "demo"),
+    "pre-training": ("tokenizer", "corpus", "decontaminate", "pretrain-data", "demo"),
     "feature-based (Table 7)": ("extract-features", "feature-ner"),
     "export": ("export",),
 }
@@ -33,6 +33,7 @@ EXAMPLES = {
     "corpus": "bert-suite corpus --output_dir corpus\n"
               "  bert-suite corpus --from_task sst2 --data_dir glue/SST-2 --output_dir tapt",
     "demo": "bert-suite demo --output_dir runs/demo",
+    "decontaminate": "bert-suite decontaminate --input corpus/*.txt --against glue/SST-2/dev.tsv --output_dir clean",
     "extract-features": "bert-suite extract-features --model bert-base-cased --input valid.txt --layers all "
                         "--pool weighted --output_dir feats/dev",
     "feature-ner": "bert-suite feature-ner --train_features feats/train --dev_features feats/dev --output_dir tagger",
@@ -253,6 +254,17 @@ def build_parser() -> argparse.ArgumentParser:
     tok.add_argument("--min_frequency", type=int, default=2)
     tok.add_argument("--output_dir", required=True)
     tok.set_defaults(func="_tokenizer")
+
+    decon = sub.add_parser("decontaminate", help="drop corpus sentences that share an N-word sequence with "
+                           "evaluation files")
+    decon.add_argument("--input", nargs="+", required=True, metavar="FILE", help="the corpus text files")
+    decon.add_argument("--against", nargs="+", required=True, metavar="FILE",
+                       help="evaluation files: GLUE TSVs (by their card's text columns), SQuAD JSON, CoNLL, plain text")
+    decon.add_argument("--ngram", type=int, default=8,
+                       help="N: words a sentence must share in a row to be removed, after lowercasing and "
+                       "splitting punctuation (default 8; 13-grams miss short sentences such as SST-2's)")
+    decon.add_argument("--output_dir", required=True, help="the cleaned files (same names) and decontamination.json")
+    decon.set_defaults(func="_decontaminate")
 
     data = sub.add_parser("pretrain-data", help="documents -> NSP instances (a datasets folder for the recipe)")
     data.add_argument("--input", nargs="+", required=True,

@@ -1,0 +1,83 @@
+"""`bert-suite decontaminate`: planted overlaps with GLUE TSVs, SQuAD JSON, CoNLL and plain text are found and
+named with file:line on both sides; a sentence sharing only N-1 words stays; the record's shape."""
+
+import json
+
+import pytest
+
+from bert_suite.cli import main as cli_main
+from bert_suite.pretraining.decontaminate import DecontaminationError, decontaminate
+
+CORPUS = """The opening scene is one of the finest moments in recent film history, and it shows.
+Nothing else here matters much.
+
+A second document starts here.
+Frankly, the plot twists like a pretzel in a hurricane of its own making.
+It ends well.
+
+Only clean text in this one.
+Truly nothing to see.
+
+Who wrote the Declaration of Independence in the summer of 1776?
+"""
+
+
+def write(path, text):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def test_planted_overlaps_are_removed_and_named_on_both_sides(tmp_path):
+    corpus = write(tmp_path / "corpus" / "reviews.txt", CORPUS)
+    # SST-2's layout (its card: header, the sentence column), phrased as SST-2 is: lowercase, spaced punctuation
+    sst2 = write(tmp_path / "SST-2" / "dev.tsv", "sentence\tlabel\nsomething short .\t1\n"
+                 "one of the finest moments in recent film history , and\t1\n")
+    squad = write(tmp_path / "squad.json", json.dumps({"data": [{"title": "t", "paragraphs": [{
+        "context": "Nothing to do with the corpus at all, really not.",
+        "qas": [{"id": "q1", "question": "who wrote the declaration of independence in the summer of 1776?",
+                 "answers": []}]}]}]}, indent=1))
+    conll = write(tmp_path / "test.txt", "-DOCSTART- -X- O O\n\nthe NN O\nplot NN O\ntwists VB O\nlike IN O\n"
+                  "a DT O\npretzel NN O\nin IN O\na DT O\nhurricane NN O\n\n")
+    report = decontaminate([str(corpus)], [str(sst2), str(squad), str(conll)], str(tmp_path / "clean"), ngram=8)
+    assert (report.sentences, report.sentences_removed, report.documents, report.documents_removed) == (8, 3, 4, 1)
+    found = {(m["input"].split("/")[-1], m["against"].split("/")[-1]) for m in report.matches}
+    assert found == {("reviews.txt:1", "dev.tsv:3"), ("reviews.txt:5", "test.txt:3"), ("reviews.txt:11", "squad.json:11")}
+    clean = (tmp_path / "clean" / "reviews.txt").read_text()
+    assert clean == ("Nothing else here matters much.\n\nA second document starts here.\nIt ends well.\n\n"
+                     "Only clean text in this one.\nTruly nothing to see.\n")  # the last document emptied: gone
+    record = json.loads((tmp_path / "clean" / "decontamination.json").read_text())
+    assert list(record) == ["ngram", "documents", "documents_removed", "sentences", "sentences_removed", "inputs",
+                            "against", "matches"]
+    assert record["ngram"] == 8 and record["sentences_removed"] == 3
+    assert record["against"][str(sst2)] == {"sentences": 2, "shorter_than_8_words": 1}
+
+
+def test_a_sentence_sharing_n_minus_1_words_stays(tmp_path):
+    corpus = write(tmp_path / "c.txt", "alpha beta gamma delta epsilon zeta eta theta.\nAnother sentence stays.\n")
+    against = write(tmp_path / "eval.txt", "x alpha beta gamma delta epsilon zeta eta y\n")  # 7 shared words
+    assert decontaminate([str(corpus)], [str(against)], str(tmp_path / "o8"), ngram=8).sentences_removed == 0
+    assert decontaminate([str(corpus)], [str(against)], str(tmp_path / "o7"), ngram=7).sentences_removed == 1
+
+
+def test_words_are_compared_after_bert_normalisation(tmp_path):
+    corpus = write(tmp_path / "c.txt", "Great Film, Really! I Loved Every Minute.\nOther words entirely here.\n")
+    against = write(tmp_path / "eval.txt", "great film , really ! i loved every minute .\n")
+    report = decontaminate([str(corpus)], [str(against)], str(tmp_path / "o"), ngram=5)
+    assert report.sentences_removed == 1 and report.matches[0]["ngram"] == "great film , really !"
+
+
+def test_the_command_and_its_refusals(tmp_path, capsys):
+    corpus = write(tmp_path / "c.txt", CORPUS)
+    against = write(tmp_path / "eval.txt", "only clean text in this one . truly nothing\n")
+    assert cli_main(["decontaminate", "--input", str(corpus), "--against", str(against), "--ngram", "4",
+                     "--output_dir", str(tmp_path / "out")]) == 0
+    assert "removed 1 of 8 sentences" in capsys.readouterr().out
+    with pytest.raises(DecontaminationError, match=r"--ngram 2: below 3"):
+        decontaminate([str(corpus)], [str(against)], str(tmp_path / "o"), ngram=2)
+    binary = tmp_path / "model.bin"
+    binary.write_bytes(bytes(range(256)) * 4)
+    with pytest.raises(DecontaminationError, match=r"model\.bin: cannot read it \(not UTF-8 text\) \(--against\)"):
+        decontaminate([str(corpus)], [str(binary)], str(tmp_path / "o"))
+    with pytest.raises(DecontaminationError, match=r"every one of the 8 sentences .* nothing is left"):
+        decontaminate([str(corpus)], [str(corpus)], str(tmp_path / "o"), ngram=3)
