@@ -530,7 +530,9 @@ def _run_points(study, storage, card, model, out, data_dir, tokenizer, max_seq_l
                                           max_samples=max_samples)
         # after prepare, so that a bad model, tokenizer or data file is an error line without a bar
         bar = bar or tqdm(total=len(points), initial=len(done), desc=f"grid {card.name}", unit="trial")
-        optuna.storages.fail_stale_trials(study)  # other hosts' dead workers: their points are enqueued again
+        with warnings.catch_warnings():  # "experimental" on every call (attributed to this file, so not filtered)
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            optuna.storages.fail_stale_trials(study)  # other hosts' dead workers: their points are enqueued again
         orphans = orphaned_trials(study)
         if not orphans and not study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
             if not study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
