@@ -42,7 +42,7 @@ def open_storage(url: str):
     storage is an error naming the URL without its password."""
     import optuna
 
-    from .grid import _safe_url, engine_kwargs
+    from .grid import engine_kwargs, safe_url
 
     try:
         storage = optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs(url), skip_table_creation=True) \
@@ -52,7 +52,7 @@ def open_storage(url: str):
         summaries = optuna.get_all_study_summaries(storage)
     except Exception as err:  # the driver's own error, said in one line
         reason = str(err).splitlines()[0][:200] if str(err) else type(err).__name__
-        raise DashboardError(f"--storage {_safe_url(url)}: cannot read the grid study there ({reason}); expected "
+        raise DashboardError(f"--storage {safe_url(url)}: cannot read the grid study there ({reason}); expected "
                              "a reachable database that a `bert-suite grid` wrote") from None
     return storage, summaries
 
@@ -82,9 +82,9 @@ def serve(run_dir: str | None, storage: str | None = None, study_name: str | Non
     backend, summaries = open_storage(url)
     names = [s.study_name for s in summaries]
     if study_name and study_name not in names:
-        from .grid import _safe_url
+        from .grid import safe_url
 
-        raise DashboardError(f"--study_name {study_name}: no such study in {_safe_url(url)} (studies: "
+        raise DashboardError(f"--study_name {study_name}: no such study in {safe_url(url)} (studies: "
                              f"{', '.join(names) or 'none'})")
     if not names:
         raise DashboardError(f"{run_dir or url}: the storage holds no study yet; expected a grid that has started")

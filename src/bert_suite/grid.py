@@ -153,7 +153,7 @@ def check_study_grid(study: optuna.Study, grid: str, storage: str) -> None:
         if stored is None:
             study.set_user_attr("grid", grid)
         elif stored != grid:
-            raise StorageError(f"--storage {_safe_url(storage)}: study {study.study_name!r} was made by another grid "
+            raise StorageError(f"--storage {safe_url(storage)}: study {study.study_name!r} was made by another grid "
                                f"({stored}); this grid is {grid}; expected the same grid flags for every worker of a "
                                "study, or another --study_name for this grid")
 
@@ -222,7 +222,8 @@ def engine_kwargs(storage: str) -> dict:
     return {}
 
 
-def _safe_url(url: str) -> str:
+def safe_url(url: str) -> str:
+    """The storage URL as messages show it: the password replaced by ***."""
     try:
         from sqlalchemy.engine import make_url
 
@@ -250,7 +251,7 @@ def open_study(storage: str, name: str, sampler=None, heartbeat_interval: int = 
     # trials with ask/tell (to record failures with their reasons) and beats itself (_Heartbeat).
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning, module="optuna")
     warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
-    safe = _safe_url(storage)
+    safe = safe_url(storage)
     kwargs = engine_kwargs(storage)
     for attempt in range(attempts):
         try:

@@ -48,6 +48,14 @@ def _metric_name(key: str) -> str:
     return key.removeprefix("eval_")
 
 
+def _cell(key: str, value: float) -> str:
+    """A metric as the card's tables show it: scores in percent, losses as they are, counts and thresholds
+    plainly."""
+    if key.endswith(("total", "thresh")):
+        return f"{value:g}"
+    return f"{value:.4f}" if "loss" in key else f"{100 * value:.2f}"
+
+
 def _dev_metrics(info: dict, scores_only: bool = False) -> dict[str, float]:
     """info["dev_metrics"] without Trainer bookkeeping (and, with `scores_only`, without the loss)."""
     skip = _NOT_METRICS + (("loss",) if scores_only else ())
@@ -108,8 +116,7 @@ def model_card(info: dict) -> str:
     front = yaml.safe_dump(_front_matter(info), sort_keys=False, allow_unicode=True)
     hyper = dict(info["hyperparameters"])
     hyper["seeds tried"] = ", ".join(str(s) for s in info["seeds"])
-    results = [(_metric_name(k), f"{100 * v:.2f}" if "loss" not in k else f"{v:.4f}")
-               for k, v in _dev_metrics(info).items()]
+    results = [(_metric_name(k), _cell(k, v)) for k, v in _dev_metrics(info).items()]
     source = f"dataset `{dataset['id']}`" + (f", config `{dataset['config']}`" if dataset.get("config") else "")
     parts = [
         f"---\n{front}---",
@@ -127,9 +134,7 @@ def model_card(info: dict) -> str:
     if tests:  # a labelled test set, scored once with the model chosen on dev
         parts += ["## Test results (labelled test set)",
                   "Scored once, with the model chosen on dev; the test set played no part in any choice.",
-                  _table(("metric", "value"), [(k.removeprefix("test_"), f"{v:g}" if k.endswith(("total", "thresh"))
-                                                else f"{v:.4f}" if "loss" in k else f"{100 * v:.2f}")
-                                               for k, v in tests.items()])]
+                  _table(("metric", "value"), [(k.removeprefix("test_"), _cell(k, v)) for k, v in tests.items()])]
     if info.get("grid"):
         parts += ["## Grid search", _demote_headings(info["grid"])]
     parts += [

@@ -89,7 +89,7 @@ def _settings(trials: list[dict], metric: str) -> dict[tuple, list[float]]:
 
 
 def _columns(metric_keys: list[str], trials: list[dict] | None = None) -> list[str]:
-    lora = [LORA_KEY] if trials and any(LORA_KEY in t for t in trials) else []
+    lora = [LORA_KEY] if trials and LORA_KEY in _setting_keys(trials) else []
     return ["trial", *REQUIRED_KEYS[1:4], *lora, *REQUIRED_KEYS[4:], *metric_keys, "train_runtime", "best", "error"]
 
 
@@ -109,17 +109,17 @@ def _markdown(trials, metric, task, metric_keys, best, paper, plot_note) -> str:
     if not trials:
         return "\n".join(lines + ["No trials ran.", ""])
     lines += ["## Trials", ""]
+    columns = _columns(metric_keys, trials)
     rows = []
     for t in trials:
         star = t is best
         row = [f"**{t['trial']} ★**" if star else str(t["trial"])]
         metrics = t.get("metrics") or {}
-        columns = _columns(metric_keys, trials)
         row += [_fmt(t.get(k)) for k in columns[1:columns.index("state") + 1]]
         row += [_fmt(metrics.get(k), _is_score(k)) for k in metric_keys]
         row.append(_fmt(t.get("train_runtime")))
         rows.append(row + ["★" if star else "", t.get("error") or ""])
-    lines += md_table(_columns(metric_keys, trials), rows) + [""]
+    lines += md_table(columns, rows) + [""]
 
     lines += ["## Mean ± std across seeds per setting", ""]
     lora = LORA_KEY in _setting_keys(trials)
