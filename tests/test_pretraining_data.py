@@ -4,6 +4,7 @@ The corpora are written here. In the NSP corpus every sentence is one word repea
 so each token says which document and sentence it came from."""
 
 import json
+import os
 import random
 
 import pytest
@@ -199,6 +200,45 @@ def test_train_tokenizer_saves_a_loadable_wordpiece(tmp_path):
     train_tokenizer([str(corpus)], vocab_size=120, lowercase=False, output_dir=str(tmp_path / "cased"))
     cased = load_pretraining_tokenizer(str(tmp_path / "cased"))
     assert cased.decode(cased("The Quick fox.")["input_ids"], skip_special_tokens=True) == "The Quick fox."
+
+
+def test_wordpiece_merges_take_the_most_frequent_pair_and_break_ties_by_text():
+    from bert_suite.pretraining.tokenizer import learn_wordpieces
+
+    # ab and cd are equally frequent: the pair whose text sorts first is merged first
+    assert learn_wordpieces({"ab": 3, "cd": 3}, 100, specials=("[PAD]",)) == ["[PAD]", "##b", "##d", "a", "c", "ab", "cd"]
+    # abc x2, bc x5: b+##c (5) first; then ##b+##c and a+##b tie at 2 ("##b" < "a"); then a+##bc
+    words = {"abc": 2, "bc": 5}
+    alphabet = ["[PAD]", "##c", "b", "##b", "a"]
+    assert learn_wordpieces(words, 100, specials=("[PAD]",)) == [*alphabet, "bc", "##bc", "abc"]
+    assert learn_wordpieces(words, 100, min_frequency=3, specials=("[PAD]",)) == [*alphabet, "bc"]
+    assert learn_wordpieces(words, 6, specials=("[PAD]",)) == [*alphabet, "bc"]
+    assert learn_wordpieces(dict(reversed(words.items())), 100, specials=("[PAD]",)) == [*alphabet, "bc", "##bc", "abc"]
+
+
+def test_the_same_corpus_gives_byte_identical_tokenizer_files_in_two_processes(tmp_path):
+    """The `tokenizers` WordPiece trainer broke ties through per-process hash seeds: three runs on
+    the demo corpus gave three vocabularies. Here many words tie, and the two processes hash differently."""
+    import subprocess
+    import sys
+
+    rng = random.Random(0)
+    syllables = ["ka", "to", "ri", "me", "su", "no", "ha", "pe", "lu", "di"]
+    lines = [" ".join("".join(rng.choices(syllables, k=rng.randint(1, 4))) for _ in range(rng.randint(4, 12)))
+             for _ in range(3000)]
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    for run, hash_seed in ((1, "1"), (2, "2")):
+        done = subprocess.run([sys.executable, "-m", "bert_suite.cli", "tokenizer", "--input", str(corpus),
+                               "--vocab_size", "300", "--lowercase", "--output_dir", str(tmp_path / f"run{run}")],
+                              capture_output=True, text=True, env={**os.environ, "PYTHONHASHSEED": hash_seed})
+        assert done.returncode == 0, done.stderr
+    files = sorted(p.name for p in (tmp_path / "run1").iterdir())
+    assert files == ["tokenizer.json", "tokenizer_config.json", "vocab.txt"]
+    for name in files:
+        assert (tmp_path / "run1" / name).read_bytes() == (tmp_path / "run2" / name).read_bytes(), name
+    vocab = (tmp_path / "run1" / "vocab.txt").read_text(encoding="utf-8").splitlines()
+    assert len(vocab) == 300 and vocab[:5] == list(SPECIAL_TOKENS) and "##ka" in vocab
 
 
 def test_an_existing_vocab_is_used_as_is(tmp_path):
