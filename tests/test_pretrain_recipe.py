@@ -2,6 +2,7 @@
 fine-tunes; plus the embedded corpus and the demo task."""
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -56,6 +57,9 @@ def test_recipe_learns_and_saves_a_checkpoint_that_fine_tunes(pretrain_setup, tm
     assert last["step"] == 60 and last["phase"] == 2 and history[53]["phase"] == 1  # 54 steps at 32, 6 at 64
     assert last["mlm_loss"] < first["mlm_loss"] - 0.5  # the vocabulary is 13 tokens: ln 13 = 2.56 at the start
     assert last["eval_nsp_accuracy"] > 0.6 and "eval_mlm_perplexity" in last and last["tokens_per_second"] > 0
+    # a document keeps to its topic's three words, so the model leaves the unigram plateau: it predicts
+    # better than always the most frequent token at the same masked positions
+    assert 0 < last["eval_frequent_token_accuracy"] < last["eval_mlm_accuracy"] - 0.1
     final = out / "final"
     assert (final / "model.safetensors").is_file() and (final / "tokenizer_config.json").is_file()
     lines = (out / "metrics.jsonl").read_text().splitlines()
@@ -170,11 +174,12 @@ def test_demo_task_keeps_documents_apart_and_corrupts_half(tmp_path):
 
     docs = ["\n".join(f"doc{d} sentence number {s} says\tmany things." for s in range(8)) for d in range(40)]
     (tmp_path / "heldout.txt").write_text("\n\n".join(docs) + "\n")
-    counts = build_task(tmp_path / "heldout.txt", tmp_path / "task")
+    counts = build_task(tmp_path / "heldout.txt", tmp_path / "task", shares=(0.3, 0.55))
     card = load_card("doc-intact")
     train = load_split(card, "train", tmp_path / "task")
     dev = load_split(card, "validation", tmp_path / "task")
-    assert len(train) == counts["train"] == 24 * 8 and len(dev) == counts["dev"] and counts["test"] > 0
+    # 320 sentences: train takes documents until 30% (12 docs), dev until 85% (22 docs), test the rest
+    assert (len(train), len(dev), counts["test"]) == (counts["train"], counts["dev"], 48) == (96, 176, 48)
     assert 0.35 < sum(train["label"]) / len(train) < 0.65  # intact / corrupted about even
     intact = {f"doc{d} sentence number {s} says many things." for d in range(40) for s in range(8)}
     for sentence, label in zip(train["sentence"], train["label"], strict=True):
@@ -188,25 +193,66 @@ def test_demo_task_keeps_documents_apart_and_corrupts_half(tmp_path):
 
 
 @pytest.mark.slow
-def test_demo_runs_end_to_end(tmp_path):
-    """`make demo` in small: every step runs and the results name both models (minutes; make test-all)."""
+def test_demo_runs_end_to_end_and_prints_the_same_table_twice(tmp_path):
+    """`make demo` in small, twice (two minutes; make test-all): every step runs, the results name both
+    models per seed, and the second run's table is the first's, digit for digit."""
     from bert_suite.demo import run_demo
 
-    table = run_demo(str(tmp_path / "demo"), max_steps=20)
+    small = {"max_steps": 10, "seeds": [1, 2], "max_train_samples": 200}
+    table = run_demo(str(tmp_path / "demo"), **small)
     results = json.loads((tmp_path / "demo" / "demo_results.json").read_text())
     assert set(results["dev_accuracy"]) == {"pre-trained", "random init"} and "| pre-trained |" in table
+    assert results["seeds"] == [1, 2] and all(len(v) == 2 for v in results["per_seed"].values())
+    assert results["dev_accuracy"]["pre-trained"] == pytest.approx(sum(results["per_seed"]["pre-trained"]) / 2)
     assert (tmp_path / "demo" / "pretraining_curves.png").read_bytes()[:4] == b"\x89PNG"
     # one precision for both stages, said in the table and recorded (conftest: BERT_SUITE_PRECISION=fp32)
     assert results["precision"] == "fp32" and results["precision_reason"] == "BERT_SUITE_PRECISION=fp32"
     assert results["pretraining"]["precision"] == "fp32" and "Precision (pre-training and fine-tuning): fp32" in table
+    again = run_demo(str(tmp_path / "again"), **small)
+    assert again.replace(str(tmp_path / "again"), "OUT") == table.replace(str(tmp_path / "demo"), "OUT")
+    assert (tmp_path / "again" / "tokenizer" / "vocab.txt").read_bytes() == \
+        (tmp_path / "demo" / "tokenizer" / "vocab.txt").read_bytes()
+
+
+def test_paired_difference_and_its_standard_error_match_hand_computed_numbers():
+    from bert_suite.report import paired_difference
+
+    # differences 0.08, 0.03, 0.08: mean 0.19/3; deviations 1/60, -2/60, 1/60 -> variance 6/3600/2
+    mean, se = paired_difference([0.70, 0.66, 0.68], [0.62, 0.63, 0.60])
+    assert mean == pytest.approx(0.19 / 3) and se == pytest.approx(math.sqrt(6 / 3600 / 2 / 3))
+    assert paired_difference([0.5, 0.6], [0.5, 0.6]) == (0.0, 0.0)
+    with pytest.raises(ValueError, match="two or more"):
+        paired_difference([0.7], [0.6])
+    with pytest.raises(ValueError, match="got 3 and 2"):
+        paired_difference([0.7, 0.6, 0.5], [0.6, 0.5])
 
 
 def test_demo_verdict_does_not_call_noise_a_win():
     from bert_suite.demo import verdict
 
-    assert verdict(0.630, 0.624, 695).startswith("Pre-trained does not clearly beat")  # +0.6, SE 2.6
-    assert verdict(0.658, 0.607, 5000).startswith("Pre-trained beats")  # +5.1, SE 1.0
-    assert verdict(0.485, 0.501, 375).startswith("Pre-trained does not beat")
+    line = verdict([0.70, 0.66, 0.68], [0.62, 0.63, 0.60], 2345)  # +6.3, SE 1.7
+    assert line == ("Pre-trained beats random initialisation: +6.3 points (mean paired difference over 3 seeds), "
+                    "standard error 1.7 (dev set of 2,345 sentences).")
+    # +2.0 with SE 2.1: ahead, but within the seeds' noise
+    assert verdict([0.63, 0.60, 0.66], [0.60, 0.62, 0.61], 2345).startswith("Pre-trained does not clearly beat")
+    assert verdict([0.48, 0.50, 0.49], [0.50, 0.51, 0.49], 2345).startswith("Pre-trained does not beat")
+
+
+def test_a_models_setting_is_chosen_by_its_mean_over_seeds():
+    from bert_suite.report import choose_setting, seed_scores
+
+    def record(trial, lr, seed, accuracy, state="complete"):
+        return {"trial": trial, "learning_rate": lr, "per_device_train_batch_size": 32, "num_train_epochs": 3,
+                "seed": seed, "state": state, "metrics": {"eval_accuracy": accuracy} if state == "complete" else {}}
+
+    records = [record(0, 3e-4, 2, 0.60), record(1, 3e-4, 1, 0.80), record(2, 3e-4, 3, 0.58),  # best run, mean 0.66
+               record(3, 1e-4, 1, 0.70), record(4, 1e-4, 2, 0.69), record(5, 1e-4, 3, 0.68),  # mean 0.69
+               record(6, 5e-5, 1, 0.90), record(7, 5e-5, 2, 0.0, state="failed"), record(8, 5e-5, 3, 0.90)]
+    scores = seed_scores(records, "eval_accuracy")
+    assert scores[(3e-4, 32, 3)] == {1: 0.80, 2: 0.60, 3: 0.58} and scores[(5e-5, 32, 3)] == {1: 0.90, 3: 0.90}
+    assert choose_setting(scores, [1, 2, 3]) == (1e-4, 32, 3)  # a setting with a failed seed does not compete
+    assert choose_setting(scores, [1, 3]) == (5e-5, 32, 3)
+    assert choose_setting(scores, [1, 2, 3, 4]) is None
 
 
 def test_evaluation_follows_eval_steps_whatever_the_logging_steps(pretrain_setup, tmp_path):

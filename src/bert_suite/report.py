@@ -51,6 +51,37 @@ def select_best(trials: list[dict], metric: str) -> dict | None:
     return max(ranked, key=lambda st: (st[0], -st[1]["trial"]))[1]
 
 
+def seed_scores(trials: list[dict], metric: str) -> dict[tuple, dict[int, float]]:
+    """(learning rate, batch size, epochs) -> {seed: score} from the complete trials (a failed
+    trial, diverged or crashed, has no score)."""
+    scores: dict[tuple, dict[int, float]] = {}
+    for t in trials:
+        if (s := _score(t, metric)) is not None:
+            scores.setdefault(tuple(t[k] for k in SETTING_KEYS), {})[t["seed"]] = s
+    return scores
+
+
+def choose_setting(scores: dict[tuple, dict[int, float]], seeds: list[int]) -> tuple | None:
+    """The setting with the highest mean over `seeds` (ties: the first listed), as a model is compared
+    with another over restarts: by its setting's mean, not by its luckiest seed. Only settings scored
+    on every seed compete (one with a failed seed is not comparable); None when none has them all."""
+    full = {setting: by_seed for setting, by_seed in scores.items() if set(seeds) <= set(by_seed)}
+    if not full:
+        return None
+    return max(full, key=lambda setting: statistics.fmean(full[setting][s] for s in seeds))
+
+
+def paired_difference(first: list[float], second: list[float]) -> tuple[float, float]:
+    """Mean of the per-seed differences first - second, and its standard error (the differences'
+    sample standard deviation over the square root of their number). Pairing by seed removes what
+    both models share on a seed: data order, label subset, the head's initialisation."""
+    if len(first) != len(second) or len(first) < 2:
+        raise ValueError(f"paired scores need the same number (two or more) for both: got {len(first)} and "
+                         f"{len(second)}")
+    diffs = [a - b for a, b in zip(first, second, strict=True)]
+    return statistics.fmean(diffs), statistics.stdev(diffs) / math.sqrt(len(diffs))
+
+
 def _is_score(key: str) -> bool:
     return not any(marker in key for marker in _NOT_SCORE_MARKERS)
 
