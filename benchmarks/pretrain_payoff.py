@@ -38,6 +38,8 @@ import sys
 import time
 from pathlib import Path
 
+from bert_suite.report import choose_setting, paired_difference
+
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_DATA = ROOT.parent / "shared" / "data"
 BIN = Path(sys.executable).parent  # bert-suite and accelerate beside the interpreter (.venv/bin)
@@ -48,8 +50,15 @@ TASKS = {"sst2": ("SST-2", "accuracy", "eval_accuracy"), "stsb": ("STS-B", "spea
          "cola": ("CoLA", "matthews_correlation", "eval_matthews_correlation")}
 BESIDE = {"mrpc": ("f1", "eval_f1")}  # reported next to the selection metric, not selected on
 PRETRAINING_KEYS = {"device": str, "minutes": float, "model_size": str, "vocab_size": int, "steps": int,
-                    "tokens": int, "corpus": str, "held_out_mlm_perplexity": float, "held_out_nsp_accuracy": float}
-RECORD_KEYS = ("command", "pretraining", "grid", "tasks")
+                    "tokens": int, "corpus": str, "held_out_mlm_perplexity": float, "held_out_nsp_accuracy": float,
+                    "held_out_mlm_accuracy": float, "frequent_token_accuracy": float, "precision": str,
+                    "decontamination": dict}
+DECONTAMINATION_KEYS = ("ngram", "sentences", "sentences_removed")
+RECORD_KEYS = ("command", "pretraining", "grid", "tasks", "curve")
+# The shared corpora pre-trained on (under --data), beside the measured tasks' train texts.
+SHARED_CORPORA = ("corpus/gutenberg/*.txt", "corpus/wikitext-2-raw/wiki.test.raw", "corpus/nltk/movie_reviews.txt",
+                  "corpus/nltk/brown.txt", "corpus/nltk/state_union/*.txt")
+PLATEAU_ACCURACY = 0.20  # held-out MLM accuracy a run must reach to be worth fine-tuning (tiny BERTs stall near 15%)
 
 
 # ------------------------------------------------------------------------------------ reading the grids
@@ -76,15 +85,6 @@ def read_grid_scores(path: str | Path, column: str) -> dict[tuple, dict[int, flo
     return scores
 
 
-def choose_setting(scores: dict[tuple, dict[int, float]], seeds: list[int]) -> tuple | None:
-    """The setting with the highest mean over `seeds` (ties: the first in grid order). Only settings scored
-    on every seed compete: one with a failed seed is not comparable. None when no setting has them all."""
-    full = {setting: by_seed for setting, by_seed in scores.items() if set(seeds) <= set(by_seed)}
-    if not full:
-        return None
-    return max(full, key=lambda setting: statistics.fmean(full[setting][s] for s in seeds))
-
-
 def mean_se(values: list[float]) -> tuple[float, float | None]:
     """Mean and standard error (sample std / sqrt(n)); the error is None for a single value."""
     mean = statistics.fmean(values)
@@ -92,12 +92,14 @@ def mean_se(values: list[float]) -> tuple[float, float | None]:
 
 
 def difference(ahead: list[float], behind: list[float]) -> dict:
-    """mean(ahead) - mean(behind), its standard error sqrt(var_a/n_a + var_b/n_b) (sample variances), and
-    whether the difference exceeds two standard errors."""
-    diff = statistics.fmean(ahead) - statistics.fmean(behind)
-    if min(len(ahead), len(behind)) < 2:
-        return {"difference": diff, "difference_se": None, "beyond_2se": False}
-    se = math.sqrt(statistics.variance(ahead) / len(ahead) + statistics.variance(behind) / len(behind))
+    """The mean paired difference ahead - behind (both lists in seed order: the same seeds, data order and
+    label subset), its standard error (the per-seed differences' sample std / sqrt(n)), and whether it
+    exceeds two standard errors. One seed: no standard error."""
+    if len(ahead) != len(behind):
+        raise ValueError(f"paired scores need one per seed on both sides: got {len(ahead)} and {len(behind)}")
+    if len(ahead) < 2:
+        return {"difference": ahead[0] - behind[0], "difference_se": None, "beyond_2se": False}
+    diff, se = paired_difference(ahead, behind)
     return {"difference": diff, "difference_se": se, "beyond_2se": diff > 2 * se}
 
 
@@ -160,6 +162,13 @@ def check_record(record: dict, name: str = "payoff.json") -> dict:
     extra = sorted(set(pre) - set(PRETRAINING_KEYS))
     if extra:
         bad(f"pretraining.{extra[0]}", f"unexpected key; expected only {', '.join(PRETRAINING_KEYS)}")
+    decontamination = pre["decontamination"]
+    if sorted(decontamination) != sorted(DECONTAMINATION_KEYS):
+        bad("pretraining.decontamination", f"expected exactly the keys {', '.join(DECONTAMINATION_KEYS)}, got "
+            f"{', '.join(decontamination) or 'none'}")
+    for key, value in decontamination.items():
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            bad(f"pretraining.decontamination.{key}", f"expected a count (int >= 0), got {value!r}")
     if not isinstance(record["grid"], dict):
         bad("grid", "expected an object (the grid's settings)")
     tasks = record["tasks"]
@@ -170,27 +179,48 @@ def check_record(record: dict, name: str = "payoff.json") -> dict:
             bad(f"tasks.{task}", f"unknown task; expected one of {', '.join(TASKS)}")
         if not isinstance(entry, dict):
             bad(f"tasks.{task}", "expected an object")
-        for key in ("metric", "pretrained", "random"):
-            if key not in entry:
-                bad(f"tasks.{task}.{key}", "missing key")
+        if "metric" not in entry:
+            bad(f"tasks.{task}.metric", "missing key")
         if entry["metric"] != TASKS[task][1]:
             bad(f"tasks.{task}.metric", f"expected {TASKS[task][1]!r}, got {entry['metric']!r}")
-        for model in ("pretrained", "random"):
-            scores = entry[model]
-            if not (isinstance(scores, list) and scores and all(
-                    isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in scores)):
-                bad(f"tasks.{task}.{model}", f"expected a non-empty list of per-seed scores, got {scores!r}")
-        if len(entry["pretrained"]) != len(entry["random"]):
-            bad(f"tasks.{task}", "pretrained and random have different numbers of seeds")
+        _check_paired(entry, f"tasks.{task}", bad)
+    curve = record["curve"]
+    if not isinstance(curve, dict):
+        bad("curve", "expected an object: {task: {label count: {pretrained: [...], random: [...]}}}")
+    for task, points in curve.items():
+        if task not in TASKS:
+            bad(f"curve.{task}", f"unknown task; expected one of {', '.join(TASKS)}")
+        if not isinstance(points, dict) or not points:
+            bad(f"curve.{task}", "expected an object with at least one label count")
+        for count, entry in points.items():
+            if not (isinstance(count, str) and count.isdigit() and int(count) > 0):
+                bad(f"curve.{task}.{count}", "expected a label count (a positive whole number, as a string)")
+            if not isinstance(entry, dict):
+                bad(f"curve.{task}.{count}", "expected an object")
+            _check_paired(entry, f"curve.{task}.{count}", bad)
     return record
 
 
-def build_record(command: str, pretraining: dict, grid: dict, tasks: dict) -> dict:
-    """The payoff record, checked: {"command", "pretraining", "grid", "tasks"}."""
+def _check_paired(entry: dict, where: str, bad) -> None:
+    """Both models' per-seed scores: finite numbers, one per seed on each side."""
+    for model in ("pretrained", "random"):
+        if model not in entry:
+            bad(f"{where}.{model}", "missing key")
+        scores = entry[model]
+        if not (isinstance(scores, list) and scores and all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in scores)):
+            bad(f"{where}.{model}", f"expected a non-empty list of per-seed scores, got {scores!r}")
+    if len(entry["pretrained"]) != len(entry["random"]):
+        bad(where, "pretrained and random have different numbers of seeds")
+
+
+def build_record(command: str, pretraining: dict, grid: dict, tasks: dict, curve: dict | None = None) -> dict:
+    """The payoff record, checked: {"command", "pretraining", "grid", "tasks", "curve"}."""
     pretraining = {key: (float(pretraining[key]) if kind is float else pretraining[key])
                    for key, kind in PRETRAINING_KEYS.items() if key in pretraining} | \
                   {k: v for k, v in pretraining.items() if k not in PRETRAINING_KEYS}
-    return check_record({"command": command, "pretraining": pretraining, "grid": grid, "tasks": tasks})
+    return check_record({"command": command, "pretraining": pretraining, "grid": grid, "tasks": tasks,
+                         "curve": curve or {}})
 
 
 # ------------------------------------------------------------------------------------ the summary
@@ -199,8 +229,9 @@ PROTOCOL = (
     "Protocol: every grid setting (learning rate x batch size x epochs) is fine-tuned with every seed. For each "
     "model separately, the setting with the best mean dev score over the seeds is chosen (not the best single "
     "trial); a setting with a failed seed does not compete. A model's score is the per-seed list at its chosen "
-    "setting, with its mean and standard error (sample std / sqrt(n)). The difference of the means has standard "
-    "error sqrt(var_p/n_p + var_r/n_r); the pre-trained model is ahead when the difference exceeds two of them. "
+    "setting, with its mean and standard error (sample std / sqrt(n)). Both models fine-tune with the same seeds, "
+    "so the same data order and label subset: the difference is the mean of the per-seed differences, with "
+    "standard error sd(differences) / sqrt(n); the pre-trained model is ahead when it exceeds two of them. "
     "Dev sets are used whole; scores are percentages.")
 
 
@@ -271,6 +302,124 @@ def run(cmd: list[str], log: Path, what: str) -> float:
         print("\n".join(tail), file=sys.stderr)
         raise SystemExit(f"pretrain_payoff: {what} failed (exit {code}); see {log}")
     return time.time() - started
+
+
+def default_corpus(data_root: Path) -> list[str]:
+    """The shared corpora's files (SHARED_CORPORA under --data), in a fixed order."""
+    files = [str(p) for pattern in SHARED_CORPORA for p in sorted(data_root.glob(pattern))]
+    if not files:
+        raise SystemExit(f"pretrain_payoff: no corpus files under {data_root} ({', '.join(SHARED_CORPORA)})")
+    return files
+
+
+def clean_corpus(args, out: Path, sources: list[str], tasks: list[str]) -> tuple[list[Path], dict]:
+    """OUT/corpus: `sources` plus the train texts of `tasks` (`bert-suite corpus --from_task`; never their dev or
+    test text), with every sentence sharing an --ngram-word sequence with those tasks' dev and test files removed
+    (`bert-suite decontaminate`). Returns the clean files and the record's decontamination counts."""
+    corpus = out / "corpus"
+    texts = []
+    for task in ([] if args.no_task_text else tasks):
+        text = corpus / "tasks" / f"{task}-train.txt"
+        if not text.is_file():
+            run([BIN / "bert-suite", "corpus", "--from_task", task, "--data_dir", glue_folder(args, task),
+                 "--output_dir", corpus / "tasks"], corpus / "logs" / "tasks.log", f"train text of {task}")
+        texts.append(str(text))
+    clean = corpus / "clean"
+    report_file = clean / "decontamination.json"
+    if not report_file.is_file():
+        against = [str(f) for task in tasks for f in (glue_folder(args, task) / "dev.tsv",
+                                                      glue_folder(args, task) / "test.tsv") if f.is_file()]
+        run([BIN / "bert-suite", "decontaminate", "--input", *sources, *texts, "--against", *against,
+             "--ngram", args.ngram, "--output_dir", clean], corpus / "logs" / "decontaminate.log", "decontamination")
+    report = json.loads(report_file.read_text())
+    print(f"[payoff] decontamination: {report['sentences_removed']:,} of {report['sentences']:,} corpus sentences "
+          f"removed ({report['ngram']}-word matches with the dev and test sets of {', '.join(tasks)})")
+    return [clean / Path(f).name for f in (*sources, *texts)], {k: report[k] for k in DECONTAMINATION_KEYS}
+
+
+def glue_folder(args, task: str) -> Path:
+    return Path(args.data) / "glue" / TASKS[task][0]
+
+
+def train_size(args, task: str) -> int:
+    """The examples in the task's train split, as the grid reads them."""
+    from bert_suite.adapters import adapter_for
+    from bert_suite.cards import load_card
+
+    card = load_card(task)
+    return len(adapter_for(card.family).load_split(card, card.train_split, str(glue_folder(args, task))))
+
+
+def check_label_counts(counts: list[int], task: str, size: int) -> None:
+    """Every --label_counts value is a positive number of examples the task's train split has."""
+    for count in counts:
+        if count < 1:
+            raise SystemExit(f"pretrain_payoff: --label_counts {count}: expected a positive number of examples")
+        if count > size:
+            raise SystemExit(f"pretrain_payoff: --label_counts {count}: above {task}'s train size ({size:,} examples); "
+                             f"expected at most {size:,}")
+
+
+def plateau(metrics_file: Path, threshold: float) -> dict:
+    """Where a run stands against the unigram plateau, from its held-out evaluations: the first step whose MLM
+    accuracy reached `threshold` (None: never), and the last evaluation's MLM and frequent-token accuracy."""
+    evals = [e for e in map(json.loads, metrics_file.read_text().splitlines()) if "eval_mlm_accuracy" in e]
+    if not evals:
+        raise SystemExit(f"pretrain_payoff: {metrics_file} has no evaluation (eval_mlm_accuracy)")
+    left = next((e["step"] for e in evals if e["eval_mlm_accuracy"] >= threshold), None)
+    last = evals[-1]
+    return {"left_at_step": left, "threshold": threshold, "step": last["step"],
+            "mlm_accuracy": last["eval_mlm_accuracy"], "best_mlm_accuracy": max(e["eval_mlm_accuracy"] for e in evals),
+            "frequent_token_accuracy": last.get("eval_frequent_token_accuracy", float("nan"))}
+
+
+def plateau_line(p: dict) -> str:
+    where = (f"left the plateau at step {p['left_at_step']:,} (held-out MLM accuracy >= {100 * p['threshold']:.0f}%)"
+             if p["left_at_step"] is not None else
+             f"did NOT leave the plateau (held-out MLM accuracy below {100 * p['threshold']:.0f}% throughout; best "
+             f"{100 * p['best_mlm_accuracy']:.1f}%)")
+    return (f"{where}; at step {p['step']:,}: MLM accuracy {100 * p['mlm_accuracy']:.1f}% against "
+            f"{100 * p['frequent_token_accuracy']:.1f}% for always predicting the most frequent token")
+
+
+def plot_plateau(metrics_file: Path, threshold: float, path: Path) -> Path:
+    """Held-out MLM accuracy and the frequent-token accuracy against the step, with the threshold."""
+    from matplotlib.figure import Figure
+
+    from bert_suite.io import save_figure
+
+    evals = [e for e in map(json.loads, metrics_file.read_text().splitlines()) if "eval_mlm_accuracy" in e]
+    fig = Figure(figsize=(6, 3.5), layout="constrained")
+    ax = fig.add_subplot()
+    steps = [e["step"] for e in evals]
+    ax.plot(steps, [100 * e["eval_mlm_accuracy"] for e in evals], marker="o", label="held-out MLM accuracy")
+    ax.plot(steps, [100 * e.get("eval_frequent_token_accuracy", float("nan")) for e in evals], linestyle="--",
+            label="always the most frequent token")
+    ax.axhline(100 * threshold, color="grey", linewidth=0.8, label=f"{100 * threshold:.0f}%: off the plateau")
+    ax.set(xlabel="step", ylabel="accuracy at masked positions (%)", title="Pre-training against the unigram plateau")
+    ax.legend(fontsize=8)
+    return save_figure(fig, path)
+
+
+def plot_curve(curve: dict, task: str, metric: str, path: Path) -> Path:
+    """Dev score against the number of labelled examples, both models, mean over seeds with SE bars."""
+    from matplotlib.figure import Figure
+
+    from bert_suite.io import save_figure
+
+    fig = Figure(figsize=(6, 4), layout="constrained")
+    ax = fig.add_subplot()
+    counts = sorted(curve, key=int)
+    for model, label in (("pretrained", "pre-trained"), ("random", "random init")):
+        stats = [mean_se(curve[c][model]) for c in counts]
+        ax.errorbar([int(c) for c in counts], [100 * m for m, _ in stats], yerr=[100 * (e or 0) for _, e in stats],
+                    marker="o", capsize=3, label=label)
+    ax.set_xscale("log")
+    ax.set_xticks([int(c) for c in counts], labels=[f"{int(c):,}" for c in counts])
+    ax.set(xlabel=f"labelled {task} training examples", ylabel=f"dev {metric} (%)",
+           title=f"{task}: pre-trained vs random init (mean ± SE over seeds)")
+    ax.legend()
+    return save_figure(fig, path)
 
 
 def device_name() -> str:
@@ -396,13 +545,14 @@ def fine_tuning_checkpoint(final: Path, size: str) -> Path:
     return twin
 
 
-def grid(args, task: str, model: str, out: Path, vocab: Path | None, label: str) -> Path:
-    """Fine-tune one model on one task with the grid (resumable); returns its grid_results.csv."""
+def grid(args, task: str, model: str, out: Path, vocab: Path | None, label: str, samples: int | None = None) -> Path:
+    """Fine-tune one model on one task with the grid (resumable); returns its grid_results.csv. `samples`: the
+    first N training examples (the same N for both models: the same label subset)."""
     folder, _, _ = TASKS[task]
     settings = [*(["--tokenizer", vocab] if vocab else []),
                 "--learning_rates", *args.learning_rates, "--batch_sizes", *args.batch_sizes,
                 "--epochs", *args.epochs, "--seeds", *args.seeds, "--max_seq_length", args.ft_max_seq_length]
-    samples = args.max_train_samples or (args.sst2_train_samples if task == "sst2" else None)
+    samples = samples or args.max_train_samples or (args.sst2_train_samples if task == "sst2" else None)
     if samples:
         settings += ["--max_train_samples", samples]
     marker = out / "payoff_grid.json"
@@ -417,19 +567,25 @@ def grid(args, task: str, model: str, out: Path, vocab: Path | None, label: str)
 
 
 def pretraining_facts(args, out: Path, data_folders: list[Path], steps_by_phase: list[tuple[int, int]],
-                      vocab_size: int, corpus: str, minutes: float, device: str) -> dict:
+                      vocab_size: int, corpus: str, minutes: float, device: str, decontamination: dict) -> dict:
     """The record's "pretraining": tokens = sum over phases of steps x batch x mean instance length (the
-    non-padding tokens the model saw); held-out MLM perplexity and NSP accuracy of the last evaluation."""
+    non-padding tokens the model saw); held-out MLM perplexity and accuracy, the frequent-token accuracy on the
+    same positions and NSP accuracy of the last evaluation; the precision the recipe ran in."""
     evals = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     evals = [e for e in evals if "eval_mlm_perplexity" in e]
     if not evals:
         raise SystemExit(f"pretrain_payoff: {out}/metrics.jsonl has no evaluation (eval_mlm_perplexity)")
     tokens = sum(steps * batch * data_stats(folder)["mean_instance_length"]
                  for folder, (steps, batch) in zip(data_folders, steps_by_phase, strict=True))
+    results = json.loads((out / "pretrain_results.json").read_text()) if (out / "pretrain_results.json").is_file() \
+        else {}
     return {"device": device, "minutes": round(minutes, 2), "model_size": args.model_size, "vocab_size": vocab_size,
             "steps": sum(s for s, _ in steps_by_phase), "tokens": int(tokens), "corpus": corpus,
             "held_out_mlm_perplexity": evals[-1]["eval_mlm_perplexity"],
-            "held_out_nsp_accuracy": evals[-1].get("eval_nsp_accuracy", float("nan"))}
+            "held_out_nsp_accuracy": evals[-1].get("eval_nsp_accuracy", float("nan")),
+            "held_out_mlm_accuracy": evals[-1].get("eval_mlm_accuracy", float("nan")),
+            "frequent_token_accuracy": evals[-1].get("eval_frequent_token_accuracy", float("nan")),
+            "precision": results.get("precision", args.mixed_precision), "decontamination": decontamination}
 
 
 def phase_steps(args, steps: int) -> list[tuple[int, int]]:
@@ -469,8 +625,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--output_dir", default="runs/pretrain-payoff", help="where every stage writes (resumable)")
     p.add_argument("--data", default=str(DEFAULT_DATA), help="the shared data folder (glue/, corpus/, vocab/)")
-    p.add_argument("--corpus", nargs="+", help="pre-training text files (default: corpus/gutenberg/*.txt and "
-                   "corpus/wikitext-2-raw/wiki.test.raw under --data)")
+    p.add_argument("--corpus", nargs="+", help="pre-training text files (default: under --data, "
+                   + ", ".join(SHARED_CORPORA) + ")")
+    p.add_argument("--no_task_text", action="store_true", help="leave the measured tasks' train texts out of the "
+                   "corpus (by default they are in it: unlabelled, and never their dev or test text)")
+    p.add_argument("--ngram", type=int, default=8, help="decontamination: drop every corpus sentence sharing this "
+                   "many consecutive words with a measured task's dev or test set")
+    p.add_argument("--results_dir", default=str(ROOT / "benchmarks" / "results"),
+                   help="where the record and the plots are copied at the end")
+    p.add_argument("--name", default="pretrain_payoff", help="file names there: NAME.json, NAME_curve.png, "
+                   "NAME_plateau.png (another name keeps an attempt beside the record)")
     g = p.add_argument_group("vocabulary and pre-training data")
     g.add_argument("--vocab_size", type=int, default=8192, help="WordPiece vocabulary trained on the corpus (lowercase)")
     g.add_argument("--released_vocab", action="store_true", help="use the released bert-base-uncased vocabulary "
@@ -502,12 +666,21 @@ def parse_args(argv=None) -> argparse.Namespace:
     g.add_argument("--pretrain_override", nargs="*", default=[], metavar="KEY=VALUE",
                    help="more recipe overrides (e.g. whole_word_mask=true)")
     g.add_argument("--seed", type=int, default=42, help="pre-training seed")
+    g.add_argument("--plateau_accuracy", type=float, default=PLATEAU_ACCURACY, help="held-out MLM accuracy a run "
+                   "must reach before its grids are worth running (tiny BERTs sit near 15%% for thousands of steps)")
+    g.add_argument("--finetune_on_plateau", action="store_true", help="run the grids even when the pre-training "
+                   "never reached --plateau_accuracy")
     g = p.add_argument_group("fine-tuning (bert-suite grid, the same for every model)")
-    g.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
+    g.add_argument("--tasks", nargs="+", default=["stsb", "mrpc", "rte", "cola"], choices=list(TASKS),
+                   help="tasks fine-tuned on their full train sets (SST-2: --sst2_train_samples)")
+    g.add_argument("--curve_task", default="sst2", choices=list(TASKS), help="the task of the learning curve")
+    g.add_argument("--label_counts", nargs="*", type=int, default=[500, 1000, 2000, 5000],
+                   help="the learning curve's training-set sizes (the first N examples; none: no curve)")
     g.add_argument("--learning_rates", nargs="+", default=["1e-4", "3e-4", "1e-3"])
     g.add_argument("--batch_sizes", nargs="+", default=["32"])
     g.add_argument("--epochs", nargs="+", default=["3"])
-    g.add_argument("--seeds", nargs="+", default=["1", "2", "3"], help="at least 3 for a standard error worth the name")
+    g.add_argument("--seeds", nargs="+", default=["1", "2", "3", "4", "5"], help="the same for both models "
+                   "(paired); at least 3 for a standard error worth the name")
     g.add_argument("--sst2_train_samples", type=int, default=20000, help="SST-2: the first N of its 67,349 "
                    "training sentences (0: all)")
     g.add_argument("--max_train_samples", type=int, help="every task: the first N training examples (quick runs)")
@@ -529,16 +702,23 @@ def main(argv=None) -> dict | None:
     if not (data_root / "glue").is_dir() or not (data_root / "corpus").is_dir():
         print(f"no GLUE folders or corpus under {data_root}: skipping")
         return None
+    if args.label_counts:  # before any work: a count the task cannot give fails at once
+        check_label_counts(args.label_counts, args.curve_task, train_size(args, args.curve_task))
     out = Path(args.output_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
     device = device_name()
     args.accelerate_config = args.accelerate_config or str(
         ROOT / "recipes" / "configs" / "accelerate" / ("cpu.yaml" if device.startswith("cpu") else "gpu.yaml"))
     args.seeds = [int(s) for s in args.seeds]
-    corpus = args.corpus or [*sorted(map(str, (data_root / "corpus" / "gutenberg").glob("*.txt"))),
-                             str(data_root / "corpus" / "wikitext-2-raw" / "wiki.test.raw")]
-    corpus_name = args.corpus and ", ".join(Path(c).name for c in corpus) or \
-        f"../shared/data/corpus ({len(corpus) - 1} Gutenberg books + WikiText-2 raw test)"
+    measured = list(dict.fromkeys([*args.tasks, *([args.curve_task] if args.label_counts else [])]))
+
+    # Corpus: the shared corpora and the measured tasks' train texts, without their dev and test text
+    sources = args.corpus or default_corpus(data_root)
+    corpus, decontamination = clean_corpus(args, out, sources, measured)
+    corpus_name = (", ".join(Path(c).name for c in args.corpus) if args.corpus else
+                   f"../shared/data/corpus ({len(sources)} files: Gutenberg, WikiText-2 test, film reviews, Brown, "
+                   "State of the Union)") + ("" if args.no_task_text else f" + train text of {', '.join(measured)}") + \
+        f"; {decontamination['ngram']}-gram decontaminated against their dev and test sets"
 
     # Vocabulary
     if args.released_vocab:
@@ -556,9 +736,10 @@ def main(argv=None) -> dict | None:
         data[512] = out / "data512"
     for length, folder in data.items():
         if not (folder / "pretrain_data_stats.json").is_file():
-            run([BIN / "bert-suite", "pretrain-data", "--input", *corpus, "--tokenizer", vocab, "--max_seq_length",
-                 length, "--dupe_factor", args.dupe_factor if length == args.max_seq_length else 1, "--num_proc", 2,
-                 "--output_dir", folder], out / "logs" / f"data{length}.log", f"pre-training data ({length})")
+            run([BIN / "bert-suite", "pretrain-data", "--input", *corpus, "--format", "lines", "--tokenizer", vocab,
+                 "--max_seq_length", length, "--dupe_factor", args.dupe_factor if length == args.max_seq_length else 1,
+                 "--num_proc", 2, "--output_dir", folder], out / "logs" / f"data{length}.log",
+                f"pre-training data ({length})")
 
     # Pre-training, with steps from --steps or planned from the budget
     notes = []
@@ -579,31 +760,56 @@ def main(argv=None) -> dict | None:
     if args.pretrain_minutes and minutes > args.pretrain_minutes:
         notes.append(f"Pre-training took {minutes:.1f} minutes, over the {args.pretrain_minutes:g}-minute budget.")
     facts = pretraining_facts(args, general, list(data.values()), phase_steps(args, steps), vocab_size,
-                              corpus_name, minutes, device)
+                              corpus_name, minutes, device, decontamination)
+    results = Path(args.results_dir)
+    standing = plateau(general / "metrics.jsonl", args.plateau_accuracy)
+    plot_plateau(general / "metrics.jsonl", args.plateau_accuracy, results / f"{args.name}_plateau.png")
+    print(f"[payoff] pre-training {plateau_line(standing)}; curve: {results / f'{args.name}_plateau.png'}", flush=True)
+    notes.append(f"Pre-training {plateau_line(standing)}.")
+    if standing["left_at_step"] is None and not args.finetune_on_plateau:
+        raise SystemExit(f"pretrain_payoff: the pre-training never reached {100 * args.plateau_accuracy:.0f}% held-out "
+                         "MLM accuracy, so there is little to transfer: change the design (objective, masking, length, "
+                         "batch, learning rate, model size) before fine-tuning, or pass --finetune_on_plateau")
 
-    # Fine-tuning: the pre-trained checkpoint and its random twin, same grid and seeds
+    # Fine-tuning: the pre-trained checkpoint and its random twin, same grid, seeds and label subsets
     start = fine_tuning_checkpoint(general / "final", args.model_size)
-    grids = {task: {"pretrained": grid(args, task, str(start), out / "ft" / "pretrained" / task, None, "pre-trained"),
-                    "random": grid(args, task, f"preset:{args.model_size}", out / "ft" / "random" / task, vocab,
-                                   "random init")}
-             for task in args.tasks}
+
+    def both(task, where, samples=None):
+        return {"pretrained": grid(args, task, str(start), out / "ft" / "pretrained" / where, None, "pre-trained",
+                                   samples),
+                "random": grid(args, task, f"preset:{args.model_size}", out / "ft" / "random" / where, vocab,
+                               "random init", samples)}
+
+    grids = {task: both(task, task) for task in args.tasks}
+    curve_grids = {str(n): both(args.curve_task, f"{args.curve_task}-{n}", n) for n in args.label_counts}
     settings = {"learning_rates": [float(x) for x in args.learning_rates],
                 "batch_sizes": [int(x) for x in args.batch_sizes], "epochs": [float(x) for x in args.epochs],
                 "seeds": args.seeds, "max_seq_length": args.ft_max_seq_length,
                 "train_samples": {t: args.max_train_samples or (args.sst2_train_samples if t == "sst2" else None)
                                   or "all" for t in args.tasks},
+                "curve_train_samples": {args.curve_task: args.label_counts} if args.label_counts else {},
                 "selection": "per model, the setting with the best mean dev score over the seeds"}
-    record = build_record(command, facts, settings, collect(args, grids, args.seeds))
-    write_outputs(out, "payoff", record, "Pre-trained vs random initialisation on GLUE (issue 17)", notes)
+    curve = {args.curve_task: {n: task_entry(args.curve_task, {m: read_grid_scores(f, TASKS[args.curve_task][2])
+                                                                for m, f in by_model.items()}, args.seeds)
+                               for n, by_model in curve_grids.items()}} if curve_grids else {}
+    record = build_record(command, facts, settings, collect(args, grids, args.seeds), curve)
+    write_outputs(out, "payoff", record, "Pre-trained vs random initialisation on GLUE (issue 27)", notes)
+    results.mkdir(parents=True, exist_ok=True)
+    (results / f"{args.name}.json").write_text(json.dumps(record, indent=2) + "\n")
+    if curve:
+        plot_curve(curve[args.curve_task], args.curve_task, TASKS[args.curve_task][1],
+                   results / f"{args.name}_curve.png")
+    print(f"[payoff] wrote {results / f'{args.name}.json'}" + (f" and {results / f'{args.name}_curve.png'}"
+                                                               if curve else ""))
 
     if args.tapt:
         record = task_adaptive(args, out, vocab, vocab_size, corpus, corpus_name, general, grids, settings, command,
-                               device, notes)
+                               device, notes, decontamination)
     return record
 
 
 def task_adaptive(args, out, vocab, vocab_size, corpus, corpus_name, general, grids, settings, command, device,
-                  notes) -> dict:
+                  notes, decontamination) -> dict:
     """Task-adaptive pre-training: the general checkpoint continued on the tasks' train texts (+ the general
     corpus with --tapt_with_general), fine-tuned with the same protocol; its random twin's grids are reused."""
     tapt = out / "tapt"
@@ -636,9 +842,10 @@ def task_adaptive(args, out, vocab, vocab_size, corpus, corpus_name, general, gr
     args.phase2 = phase2
     pretrain(args, overrides, run_dir, steps, "task-adaptive pre-training")
     base = pretraining_facts(args, general, [out / f"data{args.max_seq_length}"] + ([out / "data512"] if phase2 else []),
-                             phase_steps(args, finished_steps(general)), vocab_size, corpus_name, 0, device)
+                             phase_steps(args, finished_steps(general)), vocab_size, corpus_name, 0, device,
+                             decontamination)
     own = pretraining_facts(args, run_dir, [data[args.max_seq_length]], [(steps, args.batch_size)], vocab_size, "", 0,
-                            device)
+                            device, decontamination)
     minutes = minutes_of(general) + minutes_of(run_dir)
     text_name = " + ".join([corpus_name if args.tapt_with_general else "", "train text of " + ", ".join(args.tasks)])
     facts = {**own, "minutes": round(minutes, 2), "steps": base["steps"] + steps, "tokens": base["tokens"] + own["tokens"],

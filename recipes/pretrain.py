@@ -169,9 +169,12 @@ def add(totals, stats):
 
 @torch.no_grad()
 def evaluate(model, eval_data, collator, cfg, accelerator):
-    """Held-out MLM perplexity and NSP accuracy, with the same masks at every evaluation."""
+    """Held-out MLM perplexity and accuracy and NSP accuracy, with the same masks at every
+    evaluation; beside them the frequent-token accuracy: that of always predicting the token most
+    frequent at those masked positions, where a model on the unigram plateau sits."""
     model.eval()
-    totals = {}
+    totals, counts = {}, None
+    vocab_size = accelerator.unwrap_model(model).config.vocab_size
     size = cfg.per_device_eval_batch_size
     table = eval_data.select_columns([c for c in (*COLUMNS, "labels") if c in eval_data.column_names])
     for number in range(min(cfg.eval_batches, math.ceil(len(eval_data) / size))):
@@ -180,8 +183,13 @@ def evaluate(model, eval_data, collator, cfg, accelerator):
         batch = step_masks(collator, batch, cfg.seed, -1, number * size, cfg.causal_attention)
         batch = {k: v.to(accelerator.device) for k, v in batch.items()}
         add(totals, losses(model(**batch, masked_positions_only=True, return_dict=True), batch))
+        found = torch.bincount(batch["labels"][batch["labels"] != -100], minlength=vocab_size)
+        counts = found if counts is None else counts + found
     model.train()
-    return {f"eval_{k}": v for k, v in summarise(totals).items()}
+    result = summarise(totals)
+    if counts is not None and counts.sum():
+        result["frequent_token_accuracy"] = float(counts.max() / counts.sum())
+    return {f"eval_{k}": v for k, v in result.items()}
 
 
 def main(argv=None):

@@ -72,16 +72,18 @@ def test_standard_errors_against_hand_computed_numbers():
     mean, se = payoff.mean_se([0.80, 0.82, 0.84])  # sample std 0.02
     assert mean == pytest.approx(0.82) and se == pytest.approx(0.02 / math.sqrt(3))
     assert payoff.mean_se([0.7]) == (0.7, None)
-    # var_p = 0.0004, var_r = ((-0.02)^2 + (-0.01)^2 + 0.03^2) / 2 = 0.0007: se = sqrt(0.0011 / 3) = 0.019149
+    # paired by seed: differences 0.10, 0.11, 0.09 -> mean 0.10, sample std 0.01, se 0.01 / sqrt(3)
     d = payoff.difference([0.80, 0.82, 0.84], [0.70, 0.71, 0.75])
-    assert d["difference"] == pytest.approx(0.10) and d["difference_se"] == pytest.approx(0.0191485, abs=1e-6)
+    assert d["difference"] == pytest.approx(0.10) and d["difference_se"] == pytest.approx(0.01 / math.sqrt(3))
     assert d["beyond_2se"] is True
-    # var_p = 0.01, var_r = 0.0009: se = sqrt(0.0109 / 3) = 0.060277 > 0.05 / 2
+    # differences 0.05, 0.12, -0.02 -> mean 0.05, deviations 0, 0.07, -0.07 -> std 0.07, se 0.040415 > 0.05 / 2
     d = payoff.difference([0.80, 0.90, 0.70], [0.75, 0.78, 0.72])
-    assert d["difference_se"] == pytest.approx(0.060277, abs=1e-6) and d["beyond_2se"] is False
-    # unequal seed counts use each side's own n: sqrt(0.0004 / 3 + 0.005 / 2)
-    d = payoff.difference([0.80, 0.82, 0.84], [0.70, 0.80])
-    assert d["difference_se"] == pytest.approx(math.sqrt(0.0004 / 3 + 0.005 / 2))
+    assert d["difference"] == pytest.approx(0.05) and d["difference_se"] == pytest.approx(0.07 / math.sqrt(3))
+    assert d["beyond_2se"] is False
+    # the unpaired formula would call the first pair's gap far noisier: sqrt(0.0004/3 + 0.0007/3) = 0.0191
+    assert math.sqrt(0.0004 / 3 + 0.0007 / 3) > 3 * payoff.difference([0.80, 0.82, 0.84], [0.70, 0.71, 0.75])["difference_se"]
+    with pytest.raises(ValueError, match="one per seed on both sides: got 3 and 2"):
+        payoff.difference([0.80, 0.82, 0.84], [0.70, 0.80])
     assert payoff.difference([0.8], [0.7]) == {"difference": pytest.approx(0.1), "difference_se": None,
                                                "beyond_2se": False}
 
@@ -98,7 +100,9 @@ def test_a_task_entry_holds_each_models_scores_at_its_own_chosen_setting(tmp_pat
     assert entry["chosen"] == {"pretrained": {"learning_rate": 3e-4, "batch_size": 32, "epochs": 3.0},
                                "random": {"learning_rate": 1e-4, "batch_size": 32, "epochs": 3.0}}
     assert entry["f1"]["pretrained"] == pytest.approx([0.65, 0.64, 0.66])
-    assert entry["difference"] == pytest.approx(0.05) and entry["beyond_2se"] is True  # se 0.0081650
+    # paired: differences 0.05, 0.03, 0.07 -> se 0.02 / sqrt(3) = 0.011547
+    assert entry["difference"] == pytest.approx(0.05) and entry["difference_se"] == pytest.approx(0.02 / math.sqrt(3))
+    assert entry["beyond_2se"] is True
     with pytest.raises(ValueError, match=r"rte, random: no grid setting has a score for every seed \[1, 2, 3\]"):
         payoff.task_entry("rte", {"pretrained": pretrained, "random": {(1e-4, 32, 3.0): {1: 0.5}}}, SEEDS)
 
@@ -106,17 +110,24 @@ def test_a_task_entry_holds_each_models_scores_at_its_own_chosen_setting(tmp_pat
 def valid_record() -> dict:
     pretraining = {"device": "cpu (2 cores)", "minutes": 59.5, "model_size": "tiny", "vocab_size": 8192, "steps": 4000,
                    "tokens": 31_000_000, "corpus": "gutenberg + wikitext", "held_out_mlm_perplexity": 120.5,
-                   "held_out_nsp_accuracy": 0.93}
+                   "held_out_nsp_accuracy": 0.93, "held_out_mlm_accuracy": 0.26, "frequent_token_accuracy": 0.06,
+                   "precision": "fp32", "decontamination": {"ngram": 8, "sentences": 250_000, "sentences_removed": 812}}
     tasks = {"sst2": {"metric": "accuracy", "pretrained": [0.8, 0.81, 0.82], "random": [0.7, 0.72, 0.71]},
              "stsb": {"metric": "spearman", "pretrained": [0.3, 0.32, 0.31], "random": [0.1, 0.12, 0.11]}}
+    curve = {"sst2": {"500": {"metric": "accuracy", "pretrained": [0.6, 0.62, 0.61], "random": [0.55, 0.56, 0.57]},
+                      "1000": {"pretrained": [0.65, 0.66, 0.64], "random": [0.58, 0.57, 0.59]}}}
     return payoff.build_record("python benchmarks/pretrain_payoff.py --steps 4000", pretraining,
-                               {"learning_rates": [1e-4]}, tasks)
+                               {"learning_rates": [1e-4]}, tasks, curve)
 
 
 def test_the_record_has_exactly_the_issues_shape():
     record = json.loads(json.dumps(valid_record()))  # as read back from payoff.json
-    assert list(record) == ["command", "pretraining", "grid", "tasks"]
+    assert list(record) == ["command", "pretraining", "grid", "tasks", "curve"]
     assert list(record["pretraining"]) == list(payoff.PRETRAINING_KEYS)
+    assert {"held_out_mlm_accuracy", "frequent_token_accuracy", "precision", "decontamination"} <= set(record["pretraining"])
+    assert record["pretraining"]["decontamination"] == {"ngram": 8, "sentences": 250_000, "sentences_removed": 812}
+    assert list(record["curve"]["sst2"]) == ["500", "1000"]
+    assert record["curve"]["sst2"]["1000"] == {"pretrained": [0.65, 0.66, 0.64], "random": [0.58, 0.57, 0.59]}
     assert payoff.check_record(record) is record
 
 
@@ -133,6 +144,19 @@ def test_the_record_has_exactly_the_issues_shape():
     (lambda r: r["tasks"].update(qnli=r["tasks"]["sst2"]), "payoff.json: tasks.qnli: unknown task"),
     (lambda r: r["tasks"]["sst2"].update(pretrained=[]), "payoff.json: tasks.sst2.pretrained: expected a non-empty"),
     (lambda r: r["tasks"]["sst2"].update(random=[0.7]), "payoff.json: tasks.sst2: pretrained and random have"),
+    (lambda r: r.pop("curve"), "payoff.json: curve: missing key"),
+    (lambda r: r["pretraining"].pop("frequent_token_accuracy"),
+     "payoff.json: pretraining.frequent_token_accuracy: missing key"),
+    (lambda r: r["pretraining"].update(precision=None), "payoff.json: pretraining.precision: expected str"),
+    (lambda r: r["pretraining"]["decontamination"].pop("ngram"),
+     "payoff.json: pretraining.decontamination: expected exactly the keys ngram, sentences, sentences_removed"),
+    (lambda r: r["pretraining"]["decontamination"].update(sentences_removed=-1),
+     "payoff.json: pretraining.decontamination.sentences_removed: expected a count"),
+    (lambda r: r["curve"]["sst2"].update({"1k": r["curve"]["sst2"]["500"]}),
+     "payoff.json: curve.sst2.1k: expected a label count"),
+    (lambda r: r["curve"]["sst2"]["500"].update(random=[0.5]), "payoff.json: curve.sst2.500: pretrained and random"),
+    (lambda r: r["curve"]["sst2"]["1000"].pop("pretrained"), "payoff.json: curve.sst2.1000.pretrained: missing key"),
+    (lambda r: r["curve"].update(qnli={}), "payoff.json: curve.qnli: unknown task"),
 ])
 def test_the_shape_check_rejects_a_broken_record(change, message):
     record = valid_record()
@@ -145,7 +169,8 @@ def test_build_record_makes_float_fields_floats_and_keeps_extra_task_keys():
     record = valid_record()
     record["pretraining"]["minutes"] = 60
     record["tasks"]["sst2"]["chosen"] = {"pretrained": {}}
-    rebuilt = payoff.build_record(record["command"], record["pretraining"], record["grid"], record["tasks"])
+    rebuilt = payoff.build_record(record["command"], record["pretraining"], record["grid"], record["tasks"],
+                                  record["curve"])
     assert isinstance(rebuilt["pretraining"]["minutes"], float) and "chosen" in rebuilt["tasks"]["sst2"]
 
 
@@ -158,12 +183,14 @@ def test_the_summary_states_the_protocol_and_a_table_per_task(tmp_path):
     record = payoff.build_record("cmd", valid_record()["pretraining"], {"seeds": SEEDS}, tasks)
     text = payoff.summary_markdown(record, "Payoff", ["SST-2: the first 20,000 sentences."])
     assert "the setting with the best mean dev score over the seeds is chosen (not the best single trial)" in text
-    assert "sqrt(var_p/n_p + var_r/n_r)" in text and "- SST-2: the first 20,000 sentences." in text
+    assert "the mean of the per-seed differences, with standard error sd(differences) / sqrt(n)" in text
+    assert "- SST-2: the first 20,000 sentences." in text
     assert "tiny, vocabulary 8,192, 4,000 steps, 31,000,000 tokens, 59.5 minutes on cpu (2 cores)" in text
     assert "| model | chosen setting | per-seed accuracy | mean ± SE | f1 at that setting (mean) |" in text
     assert "| pre-trained | lr 0.0003, batch 32, epochs 3 | 75.00, 74.00, 76.00 | 75.00 ± 0.58 | 65.00 |" in text
     assert "| random init | lr 0.0001, batch 32, epochs 3 | 74.00, 76.00, 60.00 | 70.00 ± 5.03 | 70.00 |" in text
-    assert "pre-trained - random init: 5.00 ± 5.07: **not beyond 2 SE**" in text
+    # per-seed differences 0.01, -0.02, 0.16: std 0.096437, se 0.055678
+    assert "pre-trained - random init: 5.00 ± 5.57: **not beyond 2 SE**" in text
     assert text.rstrip().endswith("Pre-trained ahead of random init by more than 2 SE on 0 of 1 tasks.")
     tapt = payoff.summary_markdown(record, "TAPT", names={"pretrained": "task-adaptive"})
     assert "| task-adaptive | lr 0.0003" in tapt and "Task-adaptive ahead of random init" in tapt
@@ -196,16 +223,62 @@ def test_tokens_are_steps_times_batch_times_mean_length_per_phase_and_eval_is_th
         (tmp_path / name / "pretrain_data_stats.json").write_text(json.dumps({"mean_instance_length": mean}))
     run = tmp_path / "pretrain"
     run.mkdir()
-    logs = [{"step": 50, "mlm_loss": 5.0}, {"step": 100, "eval_mlm_perplexity": 300.0, "eval_nsp_accuracy": 0.8},
-            {"step": 150, "eval_mlm_perplexity": 200.0, "eval_nsp_accuracy": 0.9}]
+    logs = [{"step": 50, "mlm_loss": 5.0},
+            {"step": 100, "eval_mlm_perplexity": 300.0, "eval_nsp_accuracy": 0.8, "eval_mlm_accuracy": 0.1,
+             "eval_frequent_token_accuracy": 0.05},
+            {"step": 150, "eval_mlm_perplexity": 200.0, "eval_nsp_accuracy": 0.9, "eval_mlm_accuracy": 0.22,
+             "eval_frequent_token_accuracy": 0.06}]
     (run / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in logs))
+    (run / "pretrain_results.json").write_text(json.dumps({"step": 150, "precision": "bf16"}))
     args = payoff.parse_args(["--phase2", "--batch_size", "64"])
     phases = payoff.phase_steps(args, 150)
     assert phases == [(135, 64), (15, 16)]
+    counts = {"ngram": 8, "sentences": 10, "sentences_removed": 1}
     facts = payoff.pretraining_facts(args, run, [tmp_path / "data128", tmp_path / "data512"], phases, 8192, "c",
-                                     12.345, "cpu (2 cores)")
+                                     12.345, "cpu (2 cores)", counts)
     assert facts["tokens"] == 135 * 64 * 100 + 15 * 16 * 400 and facts["steps"] == 150
     assert (facts["held_out_mlm_perplexity"], facts["held_out_nsp_accuracy"], facts["minutes"]) == (200.0, 0.9, 12.35)
+    assert (facts["held_out_mlm_accuracy"], facts["frequent_token_accuracy"]) == (0.22, 0.06)
+    assert facts["precision"] == "bf16" and facts["decontamination"] == counts
+
+
+def test_the_plateau_is_left_at_the_first_evaluation_above_the_threshold(tmp_path):
+    logs = [{"step": s, "eval_mlm_accuracy": a, "eval_frequent_token_accuracy": 0.06}
+            for s, a in ((500, 0.12), (1000, 0.155), (1500, 0.21), (2000, 0.19), (2500, 0.27))]
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text("".join(json.dumps(x) + "\n" for x in [{"step": 10, "mlm_loss": 7.0}, *logs]))
+    standing = payoff.plateau(metrics, 0.20)
+    assert standing == {"left_at_step": 1500, "threshold": 0.20, "step": 2500, "mlm_accuracy": 0.27,
+                        "best_mlm_accuracy": 0.27, "frequent_token_accuracy": 0.06}
+    assert payoff.plateau_line(standing).startswith("left the plateau at step 1,500 (held-out MLM accuracy >= 20%)")
+    stuck = payoff.plateau(metrics, 0.30)
+    assert stuck["left_at_step"] is None
+    assert "did NOT leave the plateau (held-out MLM accuracy below 30% throughout; best 27.0%)" in \
+        payoff.plateau_line(stuck)
+    assert payoff.plot_plateau(metrics, 0.2, tmp_path / "plateau.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_label_count_above_the_train_size_is_an_error_naming_both_numbers():
+    payoff.check_label_counts([500, 67349], "sst2", 67349)
+    with pytest.raises(SystemExit, match=r"--label_counts 80000: above sst2's train size \(67,349 examples\)"):
+        payoff.check_label_counts([500, 80000], "sst2", 67349)
+    with pytest.raises(SystemExit, match="--label_counts 0: expected a positive number"):
+        payoff.check_label_counts([0], "sst2", 67349)
+
+
+def test_the_label_count_check_reads_the_train_split_as_the_grid_does(tmp_path):
+    folder = tmp_path / "glue" / "SST-2"
+    folder.mkdir(parents=True)
+    (folder / "train.tsv").write_text("sentence\tlabel\n" + "".join(f"film {i} was fine\t{i % 2}\n" for i in range(7)))
+    (tmp_path / "corpus").mkdir()
+    with pytest.raises(SystemExit, match=r"--label_counts 8: above sst2's train size \(7 examples\)"):
+        payoff.main(["--data", str(tmp_path), "--output_dir", str(tmp_path / "out"), "--label_counts", "5", "8"])
+    assert not (tmp_path / "out").exists()  # refused before any work
+
+
+def test_the_learning_curve_plot_has_a_point_per_label_count(tmp_path):
+    curve = valid_record()["curve"]["sst2"]
+    assert payoff.plot_curve(curve, "sst2", "accuracy", tmp_path / "curve.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_without_the_shared_data_it_skips_cleanly(tmp_path, capsys):
