@@ -325,12 +325,18 @@ def clean_corpus(args, out: Path, sources: list[str], tasks: list[str]) -> tuple
                  "--output_dir", corpus / "tasks"], corpus / "logs" / "tasks.log", f"train text of {task}")
         texts.append(str(text))
     clean = corpus / "clean"
-    report_file = clean / "decontamination.json"
+    report_file, marker = clean / "decontamination.json", corpus / "payoff_corpus.json"
+    against = [str(f) for task in tasks for f in (glue_folder(args, task) / "dev.tsv",
+                                                  glue_folder(args, task) / "test.tsv") if f.is_file()]
+    wanted = {"input": [*sources, *texts], "against": against, "ngram": args.ngram}
+    if report_file.is_file() and marker.is_file() and json.loads(marker.read_text()) != wanted:
+        # the vocabulary and instances after it were made from that corpus too
+        raise SystemExit(f"pretrain_payoff: {out} was made from another corpus (other files, tasks or --ngram; "
+                         f"see {marker}); give another --output_dir")
     if not report_file.is_file():
-        against = [str(f) for task in tasks for f in (glue_folder(args, task) / "dev.tsv",
-                                                      glue_folder(args, task) / "test.tsv") if f.is_file()]
         run([BIN / "bert-suite", "decontaminate", "--input", *sources, *texts, "--against", *against,
              "--ngram", args.ngram, "--output_dir", clean], corpus / "logs" / "decontaminate.log", "decontamination")
+        marker.write_text(json.dumps(wanted, indent=2))
     report = json.loads(report_file.read_text())
     print(f"[payoff] decontamination: {report['sentences_removed']:,} of {report['sentences']:,} corpus sentences "
           f"removed ({report['ngram']}-word matches with the dev and test sets of {', '.join(tasks)})")
@@ -415,6 +421,7 @@ def plot_curve(curve: dict, task: str, metric: str, path: Path) -> Path:
         ax.errorbar([int(c) for c in counts], [100 * m for m, _ in stats], yerr=[100 * (e or 0) for _, e in stats],
                     marker="o", capsize=3, label=label)
     ax.set_xscale("log")
+    ax.minorticks_off()
     ax.set_xticks([int(c) for c in counts], labels=[f"{int(c):,}" for c in counts])
     ax.set(xlabel=f"labelled {task} training examples", ylabel=f"dev {metric} (%)",
            title=f"{task}: pre-trained vs random init (mean ± SE over seeds)")
@@ -762,6 +769,7 @@ def main(argv=None) -> dict | None:
     facts = pretraining_facts(args, general, list(data.values()), phase_steps(args, steps), vocab_size,
                               corpus_name, minutes, device, decontamination)
     results = Path(args.results_dir)
+    results.mkdir(parents=True, exist_ok=True)
     standing = plateau(general / "metrics.jsonl", args.plateau_accuracy)
     plot_plateau(general / "metrics.jsonl", args.plateau_accuracy, results / f"{args.name}_plateau.png")
     print(f"[payoff] pre-training {plateau_line(standing)}; curve: {results / f'{args.name}_plateau.png'}", flush=True)
@@ -794,7 +802,6 @@ def main(argv=None) -> dict | None:
                                for n, by_model in curve_grids.items()}} if curve_grids else {}
     record = build_record(command, facts, settings, collect(args, grids, args.seeds), curve)
     write_outputs(out, "payoff", record, "Pre-trained vs random initialisation on GLUE (issue 27)", notes)
-    results.mkdir(parents=True, exist_ok=True)
     (results / f"{args.name}.json").write_text(json.dumps(record, indent=2) + "\n")
     if curve:
         plot_curve(curve[args.curve_task], args.curve_task, TASKS[args.curve_task][1],

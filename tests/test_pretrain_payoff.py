@@ -311,3 +311,21 @@ def test_a_checkpoint_pretrained_without_dropout_fine_tunes_with_the_presets_dro
     assert twin == tmp_path / "final-finetune" and (twin / "model.safetensors").read_bytes() == b"weights"
     assert json.loads((twin / "config.json").read_text()) == {"hidden_dropout_prob": 0.1,
                                                               "attention_probs_dropout_prob": 0.1, "hidden_size": 128}
+
+
+def test_an_output_dir_made_from_another_corpus_is_refused_not_reused(tmp_path):
+    (tmp_path / "glue" / "STS-B").mkdir(parents=True)
+    (tmp_path / "glue" / "STS-B" / "dev.tsv").write_text("x\n")
+    out = tmp_path / "out"
+    (out / "corpus" / "clean").mkdir(parents=True)
+    (out / "corpus" / "clean" / "decontamination.json").write_text(
+        json.dumps({"ngram": 8, "sentences": 10, "sentences_removed": 1}))
+    args = payoff.parse_args(["--data", str(tmp_path), "--no_task_text"])
+    wanted = {"input": ["a.txt"], "against": [str(tmp_path / "glue" / "STS-B" / "dev.tsv")], "ngram": 8}
+    (out / "corpus" / "payoff_corpus.json").write_text(json.dumps(wanted))
+    files, counts = payoff.clean_corpus(args, out, ["a.txt"], ["stsb"])  # the same inputs: reused, nothing run
+    assert files == [out / "corpus" / "clean" / "a.txt"] and counts == {"ngram": 8, "sentences": 10,
+                                                                        "sentences_removed": 1}
+    args = payoff.parse_args(["--data", str(tmp_path), "--no_task_text", "--ngram", "13"])
+    with pytest.raises(SystemExit, match=r"was made from another corpus \(other files, tasks or --ngram"):
+        payoff.clean_corpus(args, out, ["a.txt"], ["stsb"])
