@@ -14,7 +14,7 @@ pre-trained model counts as ahead when the difference exceeds two of them.
 Stages, each skipped when its output exists (rerun the same command to resume; the recipe resumes
 from its last checkpoint and the grids from their studies):
   OUT/tokenizer         a WordPiece vocabulary trained on the corpus (or --released_vocab)
-  OUT/data128, data512  pretrain-data instances (512: only with --phase2)
+  OUT/data128, data512  pretrain-data instances (the second: only with --phase2, at --phase2_length)
   OUT/calibration       a short run that measures seconds per step (only with --pretrain_minutes)
   OUT/pretrain          `accelerate launch recipes/pretrain.py` (final/, metrics.jsonl)
   OUT/ft/MODEL/TASK     `bert-suite grid` per model and task (grid_results.csv)
@@ -450,9 +450,9 @@ def recipe_overrides(args, data: dict[str, Path], vocab: Path, output_dir: Path,
               "eval_steps": max(1, steps // 10), "save_steps": max(1, steps // 10), "eval_batches": args.eval_batches,
               "phase1_fraction": 1.0}
     if args.phase2:
-        values.update(train_data_phase2=data[512], phase1_fraction=1 - args.phase2_fraction,
+        values.update(train_data_phase2=data[args.phase2_length], phase1_fraction=1 - args.phase2_fraction,
                       per_device_train_batch_size_phase2=max(1, args.batch_size // 4),
-                      max_predictions_per_seq_phase2=math.ceil(args.masking_rate * 512))
+                      max_predictions_per_seq_phase2=math.ceil(args.masking_rate * args.phase2_length))
     if init_from is not None:
         values["init_from"] = init_from
     if args.pretrain_dropout is not None:  # both only when given: the recipe's default is the preset's
@@ -507,7 +507,8 @@ def calibrate(args, data, vocab, out: Path) -> tuple[float, float, float]:
                        ROOT / "recipes" / "pretrain.py", *overrides], out / "calibration.log", "calibration")
         logs = [json.loads(line) for line in (out / "run" / "metrics.jsonl").read_text().splitlines()]
         per_step = {}
-        for phase, length, batch in ((1, args.max_seq_length, args.batch_size), (2, 512, max(1, args.batch_size // 4))):
+        for phase, length, batch in ((1, args.max_seq_length, args.batch_size),
+                                     (2, args.phase2_length, max(1, args.batch_size // 4))):
             windows = [log for log in logs if log["phase"] == phase]
             if windows:
                 per_step[phase] = batch * data_stats(data[length])["mean_instance_length"] / windows[-1]["tokens_per_second"]
@@ -649,7 +650,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     g.add_argument("--max_seq_length", type=int, default=128, help="phase-1 instance length")
     g.add_argument("--dupe_factor", type=int, default=5, help="pretrain-data passes over the corpus (new segments "
                    "each)")
-    g.add_argument("--phase2", action="store_true", help="also a phase 2 at length 512 (batch / 4)")
+    g.add_argument("--phase2", action="store_true", help="also a phase 2 at --phase2_length (batch / 4)")
+    g.add_argument("--phase2_length", type=int, default=512, help="phase-2 instance length (the paper's 512)")
     g.add_argument("--phase2_fraction", type=float, default=0.1, help="share of the steps in phase 2")
     g.add_argument("--masking_rate", type=float, default=0.15, help="share of tokens predicted (mlm_probability)")
     g = p.add_argument_group("pre-training (recipes/pretrain.py)")
@@ -740,7 +742,7 @@ def main(argv=None) -> dict | None:
     # Pre-training data
     data = {args.max_seq_length: out / f"data{args.max_seq_length}"}
     if args.phase2:
-        data[512] = out / "data512"
+        data[args.phase2_length] = out / f"data{args.phase2_length}"
     for length, folder in data.items():
         if not (folder / "pretrain_data_stats.json").is_file():
             run([BIN / "bert-suite", "pretrain-data", "--input", *corpus, "--format", "lines", "--tokenizer", vocab,
@@ -848,7 +850,7 @@ def task_adaptive(args, out, vocab, vocab_size, corpus, corpus_name, general, gr
                                  init_from=general / "final")
     args.phase2 = phase2
     pretrain(args, overrides, run_dir, steps, "task-adaptive pre-training")
-    base = pretraining_facts(args, general, [out / f"data{args.max_seq_length}"] + ([out / "data512"] if phase2 else []),
+    base = pretraining_facts(args, general, [out / f"data{args.max_seq_length}"] + ([out / f"data{args.phase2_length}"] if phase2 else []),
                              phase_steps(args, finished_steps(general)), vocab_size, corpus_name, 0, device,
                              decontamination)
     own = pretraining_facts(args, run_dir, [data[args.max_seq_length]], [(steps, args.batch_size)], vocab_size, "", 0,

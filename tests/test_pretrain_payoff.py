@@ -329,3 +329,12 @@ def test_an_output_dir_made_from_another_corpus_is_refused_not_reused(tmp_path):
     args = payoff.parse_args(["--data", str(tmp_path), "--no_task_text", "--ngram", "13"])
     with pytest.raises(SystemExit, match=r"was made from another corpus \(other files, tasks or --ngram"):
         payoff.clean_corpus(args, out, ["a.txt"], ["stsb"])
+
+
+def test_phase_two_may_be_shorter_than_the_papers_512(tmp_path):
+    data = {64: tmp_path / "data64", 128: tmp_path / "data128"}
+    args = payoff.parse_args(["--max_seq_length", "64", "--phase2", "--phase2_length", "128", "--masking_rate", "0.3"])
+    overrides = payoff.recipe_overrides(args, data, tmp_path / "vocab", tmp_path / "out", 2000, 2e-3)
+    cfg = load_pretrain_config(None, overrides)
+    assert (cfg.train_data, cfg.train_data_phase2) == (str(data[64]), str(data[128]))
+    assert (cfg.max_predictions_per_seq, cfg.max_predictions_per_seq_phase2, cfg.phase1_steps) == (20, 39, 1800)
