@@ -262,3 +262,10 @@ def test_evaluation_follows_eval_steps_whatever_the_logging_steps(pretrain_setup
                                       "logging_steps=4", "eval_steps=3", "save_steps=1000"))
     assert [h["step"] for h in history] == [3, 4, 6, 7]  # a line per logging step and per evaluation
     assert [h["step"] for h in history if "eval_mlm_perplexity" in h] == [3, 6, 7]
+
+
+def test_the_demo_help_states_the_demos_pre_training_steps():
+    from bert_suite.demo import PRETRAIN_STEPS
+
+    help_text = (REPO / "src" / "bert_suite_cli" / "__init__.py").read_text()
+    assert f'help="pre-training steps (default: {PRETRAIN_STEPS})"' in help_text

@@ -303,7 +303,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser("demo", help="the embedded demo: corpus -> vocabulary -> pre-training -> fine-tuning")
     demo.add_argument("--output_dir", default="runs/demo")
-    demo.add_argument("--max_steps", type=int, help="pre-training steps (default: 700)")
+    demo.add_argument("--max_steps", type=int, help="pre-training steps (default: 2000)")
     _add_precision_flag(demo, "pre-train and fine-tune")
     demo.set_defaults(func="_demo")
 
