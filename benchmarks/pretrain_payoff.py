@@ -1,6 +1,7 @@
-"""Does pre-training pay off on real GLUE tasks? (issue 17) Pre-train with the recipe, then fine-tune
-the pre-trained checkpoint and its randomly initialised twin (same config, vocabulary, grid and seeds)
-on SST-2, STS-B, MRPC, RTE and CoLA, and compare them seed by seed.
+"""Does pre-training pay off on real GLUE tasks? Pre-train with the recipe, then fine-tune the
+pre-trained checkpoint and its randomly initialised twin (same config, vocabulary, grid, seeds and
+label subsets) on GLUE, and compare them seed by seed: STS-B, MRPC, RTE and CoLA on their full train
+sets, and SST-2 as a learning curve over 500 to 5,000 labelled sentences.
 
     .venv/bin/python benchmarks/pretrain_payoff.py --output_dir runs/payoff --pretrain_minutes 60
     .venv/bin/python benchmarks/pretrain_payoff.py --output_dir runs/payoff --steps 4000 --tapt
@@ -8,17 +9,21 @@ on SST-2, STS-B, MRPC, RTE and CoLA, and compare them seed by seed.
 Protocol: every grid setting (learning rate x batch size x epochs) runs with every seed; for each model
 separately the setting with the best MEAN dev score over the seeds is chosen (not the best single
 trial); the reported score is the per-seed list at that setting, its mean and standard error (sample
-std / sqrt(n)); the difference of the means has standard error sqrt(var_p/n_p + var_r/n_r), and the
-pre-trained model counts as ahead when the difference exceeds two of them.
+std / sqrt(n)). Both models run the same seeds, so the difference is the mean of the per-seed
+differences, with standard error sd(differences) / sqrt(n); the pre-trained model counts as ahead when
+it exceeds two of them. Before any grid, the run must have left the unigram plateau (held-out MLM
+accuracy >= --plateau_accuracy), or the grids are not worth their time.
 
 Stages, each skipped when its output exists (rerun the same command to resume; the recipe resumes
-from its last checkpoint and the grids from their studies):
+from its last checkpoint and the grids from their studies); OUT/stages/*.json record each stage's
+settings, and a stage made with other settings is refused rather than reused:
+  OUT/corpus            the shared corpora + the tasks' train texts, decontaminated (corpus/clean)
   OUT/tokenizer         a WordPiece vocabulary trained on the corpus (or --released_vocab)
   OUT/data128, data512  pretrain-data instances (the second: only with --phase2, at --phase2_length)
   OUT/calibration       a short run that measures seconds per step (only with --pretrain_minutes)
   OUT/pretrain          `accelerate launch recipes/pretrain.py` (final/, metrics.jsonl)
-  OUT/ft/MODEL/TASK     `bert-suite grid` per model and task (grid_results.csv)
-  OUT/payoff.json, OUT/summary.md
+  OUT/ft/MODEL/TASK     `bert-suite grid` per model and task (grid_results.csv); TASK-N for the curve
+  OUT/payoff.json, OUT/summary.md; --results_dir/NAME.json, NAME_curve.png, NAME_plateau.png
 With --tapt also OUT/tapt/ (the tasks' train texts via `bert-suite corpus --from_task`, continued
 pre-training from OUT/pretrain/final, its grids) and OUT/payoff_tapt.json, OUT/summary_tapt.md.
 Reads ../shared/data (GLUE folders, corpus, released vocabulary); skips cleanly when it is absent.
@@ -132,8 +137,9 @@ def task_entry(task: str, grids: dict[str, dict], seeds: list[int], beside: dict
 # ------------------------------------------------------------------------------------ the record
 
 def check_record(record: dict, name: str = "payoff.json") -> dict:
-    """The record has exactly issue 17's shape: a ValueError names the first key that is missing,
-    unexpected or of the wrong type. Task entries may carry more keys than the three required."""
+    """The record has exactly the issue's shape (command, pretraining, grid, tasks, curve): a ValueError names
+    the first key that is missing, unexpected or of the wrong type. Task and curve entries may carry more keys
+    than the per-seed lists."""
     def bad(where, why):
         raise ValueError(f"{name}: {where}: {why}")
 
@@ -147,28 +153,7 @@ def check_record(record: dict, name: str = "payoff.json") -> dict:
         bad(extra[0], f"unexpected key; expected only {', '.join(RECORD_KEYS)}")
     if not isinstance(record["command"], str) or not record["command"]:
         bad("command", "expected the command that made it (a string)")
-    pre = record["pretraining"]
-    if not isinstance(pre, dict):
-        bad("pretraining", "expected an object")
-    for key, kind in PRETRAINING_KEYS.items():
-        if key not in pre:
-            bad(f"pretraining.{key}", "missing key")
-        value = pre[key]
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) \
-            if kind is float else isinstance(value, kind) and not isinstance(value, bool)
-        if not ok:
-            bad(f"pretraining.{key}", f"expected {'a finite number' if kind is float else kind.__name__}, "
-                f"got {value!r}")
-    extra = sorted(set(pre) - set(PRETRAINING_KEYS))
-    if extra:
-        bad(f"pretraining.{extra[0]}", f"unexpected key; expected only {', '.join(PRETRAINING_KEYS)}")
-    decontamination = pre["decontamination"]
-    if sorted(decontamination) != sorted(DECONTAMINATION_KEYS):
-        bad("pretraining.decontamination", f"expected exactly the keys {', '.join(DECONTAMINATION_KEYS)}, got "
-            f"{', '.join(decontamination) or 'none'}")
-    for key, value in decontamination.items():
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            bad(f"pretraining.decontamination.{key}", f"expected a count (int >= 0), got {value!r}")
+    check_pretraining(record["pretraining"], bad)
     if not isinstance(record["grid"], dict):
         bad("grid", "expected an object (the grid's settings)")
     tasks = record["tasks"]
@@ -199,6 +184,35 @@ def check_record(record: dict, name: str = "payoff.json") -> dict:
                 bad(f"curve.{task}.{count}", "expected an object")
             _check_paired(entry, f"curve.{task}.{count}", bad)
     return record
+
+
+def check_pretraining(pre: dict, bad) -> dict:
+    """The record's "pretraining" object (checked right after pre-training too, before hours of grids):
+    `bad(where, why)` raises. NSP accuracy may be null: a run pre-trained without NSP (Table 5's "No NSP")."""
+    if not isinstance(pre, dict):
+        bad("pretraining", "expected an object")
+    for key, kind in PRETRAINING_KEYS.items():
+        if key not in pre:
+            bad(f"pretraining.{key}", "missing key")
+        value = pre[key]
+        if value is None and key == "held_out_nsp_accuracy":
+            continue
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) \
+            if kind is float else isinstance(value, kind) and not isinstance(value, bool)
+        if not ok:
+            bad(f"pretraining.{key}", f"expected {'a finite number' if kind is float else kind.__name__}, "
+                f"got {value!r}")
+    extra = sorted(set(pre) - set(PRETRAINING_KEYS))
+    if extra:
+        bad(f"pretraining.{extra[0]}", f"unexpected key; expected only {', '.join(PRETRAINING_KEYS)}")
+    decontamination = pre["decontamination"]
+    if sorted(decontamination) != sorted(DECONTAMINATION_KEYS):
+        bad("pretraining.decontamination", f"expected exactly the keys {', '.join(DECONTAMINATION_KEYS)}, got "
+            f"{', '.join(decontamination) or 'none'}")
+    for key, value in decontamination.items():
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            bad(f"pretraining.decontamination.{key}", f"expected a count (int >= 0), got {value!r}")
+    return pre
 
 
 def _check_paired(entry: dict, where: str, bad) -> None:
@@ -254,8 +268,13 @@ def summary_markdown(record: dict, title: str, notes: list[str] = (), names: dic
     lines = [f"# {title}", "", f"`{record['command']}`", "", PROTOCOL, "",
              f"Pre-training: {pre['model_size']}, vocabulary {pre['vocab_size']:,}, {pre['steps']:,} steps, "
              f"{pre['tokens']:,} tokens, {pre['minutes']:.1f} minutes on {pre['device']}; corpus: {pre['corpus']}. "
-             f"Held-out MLM perplexity {pre['held_out_mlm_perplexity']:.1f}, NSP accuracy "
-             f"{100 * pre['held_out_nsp_accuracy']:.1f}%.", "",
+             f"Held-out MLM perplexity {pre['held_out_mlm_perplexity']:.1f}, MLM accuracy "
+             f"{100 * pre['held_out_mlm_accuracy']:.1f}% (always the most frequent token: "
+             f"{100 * pre['frequent_token_accuracy']:.1f}%), NSP accuracy "
+             + ("none (no NSP)" if pre["held_out_nsp_accuracy"] is None else
+                f"{100 * pre['held_out_nsp_accuracy']:.1f}%") + f"; precision {pre['precision']}; "
+             f"{pre['decontamination']['sentences_removed']:,} of {pre['decontamination']['sentences']:,} corpus "
+             f"sentences removed by {pre['decontamination']['ngram']}-gram decontamination.", "",
              "Grid: " + ", ".join(f"{k} {v}" for k, v in grid.items()) + ".", *[f"- {n}" for n in notes], ""]
     ahead = 0
     for task, entry in record["tasks"].items():
@@ -304,6 +323,24 @@ def run(cmd: list[str], log: Path, what: str) -> float:
     return time.time() - started
 
 
+def check_stage(out: Path, name: str, wanted: dict, started: bool) -> None:
+    """A stage reruns only with the inputs it was made from: OUT/stages/NAME.json records them before the
+    stage runs; a stage already started (or finished) from other inputs, or with no record of them, is
+    refused, naming what differs, rather than silently reused (its outputs feed every later stage)."""
+    marker = out / "stages" / f"{name}.json"
+    wanted = json.loads(json.dumps(wanted, default=str))
+    recorded = json.loads(marker.read_text()) if marker.is_file() else None
+    if recorded is not None and recorded != wanted:
+        differing = sorted(k for k in {**recorded, **wanted} if recorded.get(k) != wanted.get(k))
+        raise SystemExit(f"pretrain_payoff: {out}: the {name} stage was made with other settings ({', '.join(differing)}; "
+                         f"see {marker}); give another --output_dir, or the same settings")
+    if recorded is None and started:
+        raise SystemExit(f"pretrain_payoff: {out}: the {name} stage has outputs but no record of its settings "
+                         f"({marker}); give another --output_dir")
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.write_text(json.dumps(wanted, indent=2))
+
+
 def default_corpus(data_root: Path) -> list[str]:
     """The shared corpora's files (SHARED_CORPORA under --data), in a fixed order."""
     files = [str(p) for pattern in SHARED_CORPORA for p in sorted(data_root.glob(pattern))]
@@ -325,18 +362,14 @@ def clean_corpus(args, out: Path, sources: list[str], tasks: list[str]) -> tuple
                  "--output_dir", corpus / "tasks"], corpus / "logs" / "tasks.log", f"train text of {task}")
         texts.append(str(text))
     clean = corpus / "clean"
-    report_file, marker = clean / "decontamination.json", corpus / "payoff_corpus.json"
+    report_file = clean / "decontamination.json"
     against = [str(f) for task in tasks for f in (glue_folder(args, task) / "dev.tsv",
                                                   glue_folder(args, task) / "test.tsv") if f.is_file()]
-    wanted = {"input": [*sources, *texts], "against": against, "ngram": args.ngram}
-    if report_file.is_file() and marker.is_file() and json.loads(marker.read_text()) != wanted:
-        # the vocabulary and instances after it were made from that corpus too
-        raise SystemExit(f"pretrain_payoff: {out} was made from another corpus (other files, tasks or --ngram; "
-                         f"see {marker}); give another --output_dir")
+    check_stage(out, "corpus", {"input": [*sources, *texts], "against": against, "ngram": args.ngram},
+                report_file.is_file())
     if not report_file.is_file():
         run([BIN / "bert-suite", "decontaminate", "--input", *sources, *texts, "--against", *against,
              "--ngram", args.ngram, "--output_dir", clean], corpus / "logs" / "decontaminate.log", "decontamination")
-        marker.write_text(json.dumps(wanted, indent=2))
     report = json.loads(report_file.read_text())
     print(f"[payoff] decontamination: {report['sentences_removed']:,} of {report['sentences']:,} corpus sentences "
           f"removed ({report['ngram']}-word matches with the dev and test sets of {', '.join(tasks)})")
@@ -463,7 +496,8 @@ def recipe_overrides(args, data: dict[str, Path], vocab: Path, output_dir: Path,
 
 def pretrain(args, overrides: list[str], out: Path, steps: int, what: str) -> None:
     """Run (or resume) the recipe unless it has finished; each invocation's wall time is added to
-    out/payoff_timing.json."""
+    out/payoff_timing.json. A run started with other overrides is refused (see check_stage)."""
+    check_stage(out.parent, out.name, {"overrides": overrides}, out.is_dir() and any(out.iterdir()))
     done = finished_steps(out)
     if done == steps:
         return
@@ -497,12 +531,13 @@ def calibrate(args, data, vocab, out: Path) -> tuple[float, float, float]:
     first window holds the start-up); the calibration's own wall seconds; and the start-up and saving
     around the steps (its wall time minus its steps), which the planned run pays too."""
     result_file = out / "calibration.json"
+    steps = args.calibration_steps
+    overrides = recipe_overrides(args, data, vocab, out / "run", steps, args.learning_rate,
+                                 logging_steps=max(1, steps // (4 if args.phase2 else 2)), eval_steps=steps,
+                                 save_steps=steps, eval_batches=1, resume_from_checkpoint="null",
+                                 **({"phase1_fraction": 0.5} if args.phase2 else {}))
+    check_stage(out.parent, "calibration", {"overrides": overrides}, result_file.is_file())
     if not result_file.is_file():
-        steps = args.calibration_steps
-        overrides = recipe_overrides(args, data, vocab, out / "run", steps, args.learning_rate,
-                                     logging_steps=max(1, steps // (4 if args.phase2 else 2)), eval_steps=steps,
-                                     save_steps=steps, eval_batches=1, resume_from_checkpoint="null",
-                                     **({"phase1_fraction": 0.5} if args.phase2 else {}))
         seconds = run([BIN / "accelerate", "launch", "--config_file", args.accelerate_config,
                        ROOT / "recipes" / "pretrain.py", *overrides], out / "calibration.log", "calibration")
         logs = [json.loads(line) for line in (out / "run" / "metrics.jsonl").read_text().splitlines()]
@@ -590,7 +625,7 @@ def pretraining_facts(args, out: Path, data_folders: list[Path], steps_by_phase:
     return {"device": device, "minutes": round(minutes, 2), "model_size": args.model_size, "vocab_size": vocab_size,
             "steps": sum(s for s, _ in steps_by_phase), "tokens": int(tokens), "corpus": corpus,
             "held_out_mlm_perplexity": evals[-1]["eval_mlm_perplexity"],
-            "held_out_nsp_accuracy": evals[-1].get("eval_nsp_accuracy", float("nan")),
+            "held_out_nsp_accuracy": evals[-1].get("eval_nsp_accuracy"),  # None: pre-trained without NSP
             "held_out_mlm_accuracy": evals[-1].get("eval_mlm_accuracy", float("nan")),
             "frequent_token_accuracy": evals[-1].get("eval_frequent_token_accuracy", float("nan")),
             "precision": results.get("precision", args.mixed_precision), "decontamination": decontamination}
@@ -734,6 +769,8 @@ def main(argv=None) -> dict | None:
         vocab = data_root / "vocab" / "bert-base-uncased" / "vocab.txt"
     else:
         vocab = out / "tokenizer"
+        check_stage(out, "tokenizer", {"input": corpus, "vocab_size": args.vocab_size, "lowercase": True},
+                    (vocab / "vocab.txt").is_file())
         if not (vocab / "vocab.txt").is_file():
             run([BIN / "bert-suite", "tokenizer", "--input", *corpus, "--vocab_size", args.vocab_size, "--lowercase",
                  "--output_dir", vocab], out / "logs" / "tokenizer.log", "vocabulary")
@@ -744,11 +781,13 @@ def main(argv=None) -> dict | None:
     if args.phase2:
         data[args.phase2_length] = out / f"data{args.phase2_length}"
     for length, folder in data.items():
+        dupe_factor = args.dupe_factor if length == args.max_seq_length else 1
+        check_stage(out, folder.name, {"input": corpus, "tokenizer": vocab, "max_seq_length": length,
+                                       "dupe_factor": dupe_factor}, (folder / "pretrain_data_stats.json").is_file())
         if not (folder / "pretrain_data_stats.json").is_file():
             run([BIN / "bert-suite", "pretrain-data", "--input", *corpus, "--format", "lines", "--tokenizer", vocab,
-                 "--max_seq_length", length, "--dupe_factor", args.dupe_factor if length == args.max_seq_length else 1,
-                 "--num_proc", 2, "--output_dir", folder], out / "logs" / f"data{length}.log",
-                f"pre-training data ({length})")
+                 "--max_seq_length", length, "--dupe_factor", dupe_factor, "--num_proc", 2, "--output_dir", folder],
+                out / "logs" / f"data{length}.log", f"pre-training data ({length})")
 
     # Pre-training, with steps from --steps or planned from the budget
     notes = []
@@ -770,6 +809,11 @@ def main(argv=None) -> dict | None:
         notes.append(f"Pre-training took {minutes:.1f} minutes, over the {args.pretrain_minutes:g}-minute budget.")
     facts = pretraining_facts(args, general, list(data.values()), phase_steps(args, steps), vocab_size,
                               corpus_name, minutes, device, decontamination)
+
+    def unusable(where, why):  # before hours of grids, not after
+        raise SystemExit(f"pretrain_payoff: {general}: {where}: {why}")
+
+    check_pretraining(facts, unusable)
     results = Path(args.results_dir)
     results.mkdir(parents=True, exist_ok=True)
     standing = plateau(general / "metrics.jsonl", args.plateau_accuracy)
@@ -803,7 +847,7 @@ def main(argv=None) -> dict | None:
                                                                 for m, f in by_model.items()}, args.seeds)
                                for n, by_model in curve_grids.items()}} if curve_grids else {}
     record = build_record(command, facts, settings, collect(args, grids, args.seeds), curve)
-    write_outputs(out, "payoff", record, "Pre-trained vs random initialisation on GLUE (issue 27)", notes)
+    write_outputs(out, "payoff", record, "Pre-trained vs random initialisation on GLUE", notes)
     (results / f"{args.name}.json").write_text(json.dumps(record, indent=2) + "\n")
     if curve:
         plot_curve(curve[args.curve_task], args.curve_task, TASKS[args.curve_task][1],
@@ -868,7 +912,7 @@ def task_adaptive(args, out, vocab, vocab_size, corpus, corpus_name, general, gr
     tapt_notes = [*notes, f"Task-adaptive: {steps} more steps from the general checkpoint on the tasks' train "
                   "texts; its held-out perplexity and NSP accuracy are on that text. 'general only' is the general "
                   "checkpoint's row of payoff.json; in the record, 'pretrained' is the task-adaptive model."]
-    write_outputs(out, "payoff_tapt", record, "Task-adaptive pre-training vs random initialisation (issue 17)",
+    write_outputs(out, "payoff_tapt", record, "Task-adaptive pre-training vs random initialisation",
                   tapt_notes, {"pretrained": "task-adaptive", "general": "general only"})
     return record
 

@@ -288,10 +288,19 @@ def test_without_the_shared_data_it_skips_cleanly(tmp_path, capsys):
 
 
 def test_a_minute_budget_is_planned_from_the_calibration_with_its_time_and_the_start_up_in_it(tmp_path, capsys):
-    (tmp_path / "calibration.json").write_text(json.dumps({"seconds_per_step": {"1": 0.5, "2": 1.0},
-                                                           "wall_seconds": 30.0, "steps": 20}))
+    out = tmp_path / "calibration"
+    out.mkdir()
+    (out / "calibration.json").write_text(json.dumps({"seconds_per_step": {"1": 0.5, "2": 1.0},
+                                                      "wall_seconds": 30.0, "steps": 20}))
     args = payoff.parse_args(["--phase2"])  # 10% of the steps in phase 2
-    per_step, wall, overhead = payoff.calibrate(args, {}, None, tmp_path)  # read back, nothing run
+    data = {128: tmp_path / "data128", 512: tmp_path / "data512"}
+    with pytest.raises(SystemExit, match="the calibration stage has outputs but no record of its settings"):
+        payoff.calibrate(args, data, tmp_path / "tok", out)
+    overrides = payoff.recipe_overrides(args, data, tmp_path / "tok", out / "run", 40, args.learning_rate,
+                                        logging_steps=10, eval_steps=40, save_steps=40, eval_batches=1,
+                                        resume_from_checkpoint="null", phase1_fraction=0.5)
+    payoff.check_stage(tmp_path, "calibration", {"overrides": overrides}, started=False)  # as the run recorded it
+    per_step, wall, overhead = payoff.calibrate(args, data, tmp_path / "tok", out)  # read back, nothing run
     # 0.9 x 0.5 + 0.1 x 1.0; the 20 steps ran half in each phase: 30 - 20 x 0.75 = 15 s around them
     assert (per_step, wall, overhead) == (pytest.approx(0.55), 30.0, pytest.approx(15.0))
     assert "0.500 s a phase-1 step, 1.000 s a phase-2 step; 15 s start-up" in capsys.readouterr().out
@@ -318,17 +327,45 @@ def test_an_output_dir_made_from_another_corpus_is_refused_not_reused(tmp_path):
     (tmp_path / "glue" / "STS-B" / "dev.tsv").write_text("x\n")
     out = tmp_path / "out"
     (out / "corpus" / "clean").mkdir(parents=True)
-    (out / "corpus" / "clean" / "decontamination.json").write_text(
-        json.dumps({"ngram": 8, "sentences": 10, "sentences_removed": 1}))
+    report = out / "corpus" / "clean" / "decontamination.json"
+    report.write_text(json.dumps({"ngram": 8, "sentences": 10, "sentences_removed": 1}))
     args = payoff.parse_args(["--data", str(tmp_path), "--no_task_text"])
+    with pytest.raises(SystemExit, match=r"the corpus stage has outputs but no record of its settings"):
+        payoff.clean_corpus(args, out, ["a.txt"], ["stsb"])  # made by hand or an older version: not trusted
     wanted = {"input": ["a.txt"], "against": [str(tmp_path / "glue" / "STS-B" / "dev.tsv")], "ngram": 8}
-    (out / "corpus" / "payoff_corpus.json").write_text(json.dumps(wanted))
+    (out / "stages").mkdir()
+    (out / "stages" / "corpus.json").write_text(json.dumps(wanted))
     files, counts = payoff.clean_corpus(args, out, ["a.txt"], ["stsb"])  # the same inputs: reused, nothing run
     assert files == [out / "corpus" / "clean" / "a.txt"] and counts == {"ngram": 8, "sentences": 10,
                                                                         "sentences_removed": 1}
     args = payoff.parse_args(["--data", str(tmp_path), "--no_task_text", "--ngram", "13"])
-    with pytest.raises(SystemExit, match=r"was made from another corpus \(other files, tasks or --ngram"):
+    with pytest.raises(SystemExit, match=r"the corpus stage was made with other settings \(ngram; see "):
         payoff.clean_corpus(args, out, ["a.txt"], ["stsb"])
+
+
+def test_a_stage_records_its_settings_before_it_runs_and_refuses_others(tmp_path):
+    payoff.check_stage(tmp_path, "data64", {"dupe_factor": 5, "tokenizer": tmp_path / "tok"}, started=False)
+    assert json.loads((tmp_path / "stages" / "data64.json").read_text()) == {"dupe_factor": 5,
+                                                                              "tokenizer": str(tmp_path / "tok")}
+    payoff.check_stage(tmp_path, "data64", {"dupe_factor": 5, "tokenizer": tmp_path / "tok"}, started=True)
+    with pytest.raises(SystemExit, match=r"the data64 stage was made with other settings \(dupe_factor; "):
+        payoff.check_stage(tmp_path, "data64", {"dupe_factor": 10, "tokenizer": tmp_path / "tok"}, started=True)
+    # a killed run resumed with another learning rate would continue the first run's schedule: refused too
+    overrides = ["learning_rate=0.002", "max_steps=100"]
+    payoff.check_stage(tmp_path, "pretrain", {"overrides": overrides}, started=False)
+    with pytest.raises(SystemExit, match=r"the pretrain stage was made with other settings \(overrides; "):
+        payoff.check_stage(tmp_path, "pretrain", {"overrides": ["learning_rate=0.001", "max_steps=100"]}, started=True)
+
+
+def test_pretraining_facts_are_checked_before_the_grids_and_nsp_may_be_absent():
+    pre = dict(valid_record()["pretraining"], held_out_nsp_accuracy=None)  # pre-trained without NSP
+
+    def bad(where, why):
+        raise SystemExit(f"{where}: {why}")
+
+    assert payoff.check_pretraining(pre, bad) is pre
+    with pytest.raises(SystemExit, match="pretraining.frequent_token_accuracy: expected a finite number, got nan"):
+        payoff.check_pretraining(dict(pre, frequent_token_accuracy=float("nan")), bad)
 
 
 def test_phase_two_may_be_shorter_than_the_papers_512(tmp_path):

@@ -214,6 +214,8 @@ def test_wordpiece_merges_take_the_most_frequent_pair_and_break_ties_by_text():
     assert learn_wordpieces(words, 100, min_frequency=3, specials=("[PAD]",)) == [*alphabet, "bc"]
     assert learn_wordpieces(words, 6, specials=("[PAD]",)) == [*alphabet, "bc"]
     assert learn_wordpieces(dict(reversed(words.items())), 100, specials=("[PAD]",)) == [*alphabet, "bc", "##bc", "abc"]
+    # overlapping pairs merge left to right: ##a ##a ##a -> ##aa ##a; "aaaa" is learned in four merges
+    assert learn_wordpieces({"aaaa": 1}, 100, 1, ("[PAD]",)) == ["[PAD]", "##a", "a", "##aa", "##aaa", "aaaa"]
 
 
 def test_the_same_corpus_gives_byte_identical_tokenizer_files_in_two_processes(tmp_path):

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 import time
@@ -143,6 +144,8 @@ def run_demo(output_dir: str = "runs/demo", max_steps: int | None = None, vocab_
     from .pretraining.instances import build_pretraining_dataset, format_stats
     from .pretraining.tokenizer import train_tokenizer
 
+    if seeds is not None and len(seeds) < 2:
+        raise ValueError(f"seeds {seeds}: the verdict pairs the models seed by seed and needs two or more")
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     chosen = resolve(precision)
@@ -196,6 +199,8 @@ def run_demo(output_dir: str = "runs/demo", max_steps: int | None = None, vocab_
     for label, model, tokenizer in (("pre-trained", str(out / "pretrain" / "final"), None),
                                     ("random init", "preset:tiny", str(out / "tokenizer"))):
         grid_dir = out / f"grid-{label.split()[0]}"
+        # A finished study in the folder would hand back the previous run's scores for this new checkpoint.
+        shutil.rmtree(grid_dir, ignore_errors=True)
         grid = run_grid(card, model, str(grid_dir), str(out / "task"), tokenizer, space=space,
                         overrides={"disable_tqdm": True}, precision=chosen, max_samples={"train": max_train_samples})
         scores = seed_scores(grid["records"], "eval_accuracy")

@@ -6,7 +6,7 @@ breaks ties between equally frequent merges through hash maps seeded afresh in e
 the same corpus gave a different `vocab.txt` on every run (and every later step moved with it).
 This trainer learns the same kind of vocabulary (WordPiece as trained in practice: BPE-style
 merges of the most frequent adjacent pair, continuation pieces prefixed `##`) with a total order
-on its choices: the most frequent pair first, ties to the pair whose text sorts first. The same
+on its choices: the most frequent pair first, ties to the pair (left, right) that sorts first. The same
 corpus and flags give the same files, byte for byte. Normalisation and pre-tokenisation are
 `tokenizers`' own BERT components, so text is split exactly as the saved tokenizer will split it.
 """
@@ -98,14 +98,15 @@ def count_words(paths: list[Path], normalizer, pre_tokenizer, batch_lines: int =
 def learn_wordpieces(word_counts: dict[str, int], vocab_size: int, min_frequency: int = 2,
                      specials: tuple[str, ...] = SPECIAL_TOKENS) -> list[str]:
     """The vocabulary, in id order: `specials`, the alphabet (by frequency, ties by text), then
-    one piece per merge until `vocab_size` pieces or no pair is seen `min_frequency` times.
+    one piece per merge until `vocab_size` pieces or no pair is seen `min_frequency` times. The
+    whole alphabet is always kept, so a corpus with more characters than `vocab_size` gives more.
 
     Each word starts as its characters (`w`, `##o`, `##r`, ...). A merge joins the most frequent
-    adjacent pair in every word (`t` + `##h` -> `th`, `##i` + `##n` -> `##in`); ties go to the pair
-    whose text sorts first, so the result depends on the counts alone. Two pairs can spell the
-    same piece (`th` + `##e`, `t` + `##he`); the piece is listed once. Pair counts are updated
-    only in the words a merge touches, and the most frequent pair is kept in a heap whose stale
-    entries are skipped when popped."""
+    adjacent pair in every word (`t` + `##h` -> `th`, `##i` + `##n` -> `##in`), left to right;
+    ties go to the pair (left, right) that sorts first, so the result depends on the counts
+    alone. Two pairs can spell the same piece (`th` + `##e`, `t` + `##he`); the piece is listed
+    once. Pair counts are updated only in the words a merge touches, and the most frequent pair
+    is kept in a heap whose stale entries are skipped when popped."""
     words: list[list[str]] = []
     freqs: list[int] = []
     alphabet: Counter = Counter()
