@@ -399,10 +399,16 @@ def check_label_counts(counts: list[int], task: str, size: int) -> None:
                              f"expected at most {size:,}")
 
 
+def evaluations(metrics_file: Path) -> list[dict]:
+    """The held-out evaluations among a recipe run's metrics.jsonl lines, in step order."""
+    return [e for e in map(json.loads, metrics_file.read_text().splitlines())
+            if any(k.startswith("eval_mlm_") for k in e)]
+
+
 def plateau(metrics_file: Path, threshold: float) -> dict:
     """Where a run stands against the unigram plateau, from its held-out evaluations: the first step whose MLM
     accuracy reached `threshold` (None: never), and the last evaluation's MLM and frequent-token accuracy."""
-    evals = [e for e in map(json.loads, metrics_file.read_text().splitlines()) if "eval_mlm_accuracy" in e]
+    evals = evaluations(metrics_file)
     if not evals:
         raise SystemExit(f"pretrain_payoff: {metrics_file} has no evaluation (eval_mlm_accuracy)")
     left = next((e["step"] for e in evals if e["eval_mlm_accuracy"] >= threshold), None)
@@ -427,7 +433,7 @@ def plot_plateau(metrics_file: Path, threshold: float, path: Path) -> Path:
 
     from bert_suite.io import save_figure
 
-    evals = [e for e in map(json.loads, metrics_file.read_text().splitlines()) if "eval_mlm_accuracy" in e]
+    evals = evaluations(metrics_file)
     fig = Figure(figsize=(6, 3.5), layout="constrained")
     ax = fig.add_subplot()
     steps = [e["step"] for e in evals]
@@ -614,8 +620,7 @@ def pretraining_facts(args, out: Path, data_folders: list[Path], steps_by_phase:
     """The record's "pretraining": tokens = sum over phases of steps x batch x mean instance length (the
     non-padding tokens the model saw); held-out MLM perplexity and accuracy, the frequent-token accuracy on the
     same positions and NSP accuracy of the last evaluation; the precision the recipe ran in."""
-    evals = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    evals = [e for e in evals if "eval_mlm_perplexity" in e]
+    evals = evaluations(out / "metrics.jsonl")
     if not evals:
         raise SystemExit(f"pretrain_payoff: {out}/metrics.jsonl has no evaluation (eval_mlm_perplexity)")
     tokens = sum(steps * batch * data_stats(folder)["mean_instance_length"]
