@@ -302,7 +302,30 @@ def summary_markdown(record: dict, title: str, notes: list[str] = (), names: dic
         lines.append("")
     lines.append(f"{names['pretrained'].capitalize()} ahead of {names['random']} by more than 2 SE on {ahead} of "
                  f"{len(record['tasks'])} tasks.")
+    for task, by_count in (record.get("curve") or {}).items():
+        lines += curve_lines(task, by_count, names)
     return "\n".join(lines) + "\n"
+
+
+def curve_lines(task: str, by_count: dict, names: dict) -> list[str]:
+    """The learning curve as a table: per label count, each model's chosen setting and mean ± SE, then the
+    paired difference ± SE and its verdict (the per-seed scores are in the record)."""
+    metric = next(iter(by_count.values()))["metric"] if by_count else ""
+    lines = ["", f"## {task} learning curve ({metric}, first N training examples, the same for both models)", "",
+             f"| labels | {names['pretrained']} | setting | {names['random']} | setting | difference ± SE | verdict |",
+             "|---:|---:|---|---:|---|---:|---|"]
+    for count, entry in sorted(by_count.items(), key=lambda kv: int(kv[0])):
+        cells = [f"{int(count):,}"]
+        for model in ("pretrained", "random"):
+            mean, se = mean_se(entry[model])
+            chosen = entry.get("chosen", {}).get(model)
+            cells += [f"{_pct(mean)} ± {_pct(se)}", f"lr {chosen['learning_rate']:g}" if chosen else ""]
+        d = difference(entry["pretrained"], entry["random"])
+        verdict = ("one seed" if d["difference_se"] is None else
+                   "ahead by more than 2 SE" if d["beyond_2se"] else "not beyond 2 SE")
+        cells += [f"{_pct(d['difference'])} ± {_pct(d['difference_se'])}", verdict]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
 
 
 # ------------------------------------------------------------------------------------ running the stages

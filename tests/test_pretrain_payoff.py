@@ -196,6 +196,24 @@ def test_the_summary_states_the_protocol_and_a_table_per_task(tmp_path):
     assert "| task-adaptive | lr 0.0003" in tapt and "Task-adaptive ahead of random init" in tapt
 
 
+def test_the_summary_gives_the_learning_curve_per_label_count_in_numeric_order():
+    entry = lambda p, r: {"metric": "accuracy", "seeds": SEEDS, "pretrained": p, "random": r,  # noqa: E731
+                          "chosen": {"pretrained": {"learning_rate": 1e-3, "batch_size": 32, "epochs": 3.0},
+                                     "random": {"learning_rate": 3e-4, "batch_size": 32, "epochs": 3.0}}}
+    curve = {"sst2": {"1000": entry([0.72, 0.74, 0.73], [0.65, 0.66, 0.64]),
+                      "500": entry([0.70, 0.70, 0.68], [0.56, 0.70, 0.69])}}
+    base = valid_record()
+    record = payoff.build_record("cmd", base["pretraining"], {"seeds": SEEDS}, base["tasks"], curve)
+    text = payoff.summary_markdown(record, "Payoff")
+    lines = text.splitlines()
+    start = lines.index("## sst2 learning curve (accuracy, first N training examples, the same for both models)")
+    # 1000: differences .07 .08 .09 -> 8.00 ± 0.58; 500: .14 .00 -.01 -> mean 4.33, sd 8.39, se 4.84
+    assert lines[start + 4] == ("| 500 | 69.33 ± 0.67 | lr 0.001 | 65.00 ± 4.51 | lr 0.0003 | 4.33 ± 4.84 | "
+                                "not beyond 2 SE |")
+    assert lines[start + 5] == ("| 1,000 | 73.00 ± 0.58 | lr 0.001 | 65.00 ± 0.58 | lr 0.0003 | 8.00 ± 0.58 | "
+                                "ahead by more than 2 SE |")
+
+
 def test_recipe_overrides_pass_dropout_only_when_given_and_the_recipe_config_accepts_them(tmp_path):
     data = {128: tmp_path / "data128", 512: tmp_path / "data512"}
     args = payoff.parse_args(["--masking_rate", "0.2", "--batch_size", "32"])
