@@ -310,7 +310,7 @@ def summary_markdown(record: dict, title: str, notes: list[str] = (), names: dic
 def curve_lines(task: str, by_count: dict, names: dict) -> list[str]:
     """The learning curve as a table: per label count, each model's chosen setting and mean ± SE, then the
     paired difference ± SE and its verdict (the per-seed scores are in the record)."""
-    metric = next(iter(by_count.values()))["metric"] if by_count else ""
+    metric = next((e["metric"] for e in by_count.values() if e.get("metric")), TASKS.get(task, ("", ""))[1])
     lines = ["", f"## {task} learning curve ({metric}, first N training examples, the same for both models)", "",
              f"| labels | {names['pretrained']} | setting | {names['random']} | setting | difference ± SE | verdict |",
              "|---:|---:|---|---:|---|---:|---|"]
@@ -321,7 +321,7 @@ def curve_lines(task: str, by_count: dict, names: dict) -> list[str]:
             chosen = entry.get("chosen", {}).get(model)
             cells += [f"{_pct(mean)} ± {_pct(se)}", f"lr {chosen['learning_rate']:g}" if chosen else ""]
         d = difference(entry["pretrained"], entry["random"])
-        verdict = ("one seed" if d["difference_se"] is None else
+        verdict = ("one seed: no standard error" if d["difference_se"] is None else
                    "ahead by more than 2 SE" if d["beyond_2se"] else "not beyond 2 SE")
         cells += [f"{_pct(d['difference'])} ± {_pct(d['difference_se'])}", verdict]
         lines.append("| " + " | ".join(cells) + " |")

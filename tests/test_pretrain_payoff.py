@@ -201,7 +201,9 @@ def test_the_summary_gives_the_learning_curve_per_label_count_in_numeric_order()
                           "chosen": {"pretrained": {"learning_rate": 1e-3, "batch_size": 32, "epochs": 3.0},
                                      "random": {"learning_rate": 3e-4, "batch_size": 32, "epochs": 3.0}}}
     curve = {"sst2": {"1000": entry([0.72, 0.74, 0.73], [0.65, 0.66, 0.64]),
-                      "500": entry([0.70, 0.70, 0.68], [0.56, 0.70, 0.69])}}
+                      "500": entry([0.70, 0.70, 0.68], [0.56, 0.70, 0.69]),
+                      "2000": {"pretrained": [0.75, 0.76, 0.80], "random": [0.74, 0.74, 0.74]}}}
+    del curve["sst2"]["1000"]["metric"]  # an entry without the key: the others' metric names the table
     base = valid_record()
     record = payoff.build_record("cmd", base["pretraining"], {"seeds": SEEDS}, base["tasks"], curve)
     text = payoff.summary_markdown(record, "Payoff")
@@ -210,8 +212,13 @@ def test_the_summary_gives_the_learning_curve_per_label_count_in_numeric_order()
     # 1000: differences .07 .08 .09 -> 8.00 ± 0.58; 500: .14 .00 -.01 -> mean 4.33, sd 8.39, se 4.84
     assert lines[start + 4] == ("| 500 | 69.33 ± 0.67 | lr 0.001 | 65.00 ± 4.51 | lr 0.0003 | 4.33 ± 4.84 | "
                                 "not beyond 2 SE |")
+    assert lines[start + 2] == ("| labels | pre-trained | setting | random init | setting | difference ± SE | "
+                                "verdict |")
     assert lines[start + 5] == ("| 1,000 | 73.00 ± 0.58 | lr 0.001 | 65.00 ± 0.58 | lr 0.0003 | 8.00 ± 0.58 | "
                                 "ahead by more than 2 SE |")
+    # 2000: differences .01 .02 .06 -> mean 3.00, sd 2.65, se 1.53: 1.96 SE, just short of 2
+    assert lines[start + 6] == "| 2,000 | 77.00 ± 1.53 |  | 74.00 ± 0.00 |  | 3.00 ± 1.53 | not beyond 2 SE |"
+    assert len(lines) == start + 7
 
 
 def test_recipe_overrides_pass_dropout_only_when_given_and_the_recipe_config_accepts_them(tmp_path):
