@@ -253,11 +253,17 @@ def _pct(value: float | None) -> str:
     return "n/a" if value is None else f"{100 * value:.2f}"
 
 
+def _standing(d: dict) -> str:
+    """A paired difference's verdict in words (`difference`'s result)."""
+    if d["difference_se"] is None:
+        return "one seed: no standard error"
+    return "ahead by more than 2 SE" if d["beyond_2se"] else "not beyond 2 SE"
+
+
 def _verdict(d: dict, ahead: str, behind: str) -> str:
     if d["difference_se"] is None:
-        return f"{ahead} - {behind}: {_pct(d['difference'])} (one seed: no standard error)"
-    word = "ahead by more than 2 SE" if d["beyond_2se"] else "not beyond 2 SE"
-    return f"{ahead} - {behind}: {_pct(d['difference'])} ± {_pct(d['difference_se'])}: **{word}**"
+        return f"{ahead} - {behind}: {_pct(d['difference'])} ({_standing(d)})"
+    return f"{ahead} - {behind}: {_pct(d['difference'])} ± {_pct(d['difference_se'])}: **{_standing(d)}**"
 
 
 def summary_markdown(record: dict, title: str, notes: list[str] = (), names: dict | None = None) -> str:
@@ -321,9 +327,7 @@ def curve_lines(task: str, by_count: dict, names: dict) -> list[str]:
             chosen = entry.get("chosen", {}).get(model)
             cells += [f"{_pct(mean)} ± {_pct(se)}", f"lr {chosen['learning_rate']:g}" if chosen else ""]
         d = difference(entry["pretrained"], entry["random"])
-        verdict = ("one seed: no standard error" if d["difference_se"] is None else
-                   "ahead by more than 2 SE" if d["beyond_2se"] else "not beyond 2 SE")
-        cells += [f"{_pct(d['difference'])} ± {_pct(d['difference_se'])}", verdict]
+        cells += [f"{_pct(d['difference'])} ± {_pct(d['difference_se'])}", _standing(d)]
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
