@@ -69,6 +69,8 @@ class BertSuiteConfig(PreTrainedConfig):
             attention itself still sees the padded layout, so every real position's output is
             the same); outputs at padding positions are then zeros instead of stock BERT's
             values computed from the padding tokens. False: the stock computation everywhere.
+        bilstm: a randomly initialised one-layer BiLSTM between the encoder and every head,
+            added at fine-tuning (the paper's "+ BiLSTM" row of Table 5); stock BERT has none.
     """
 
     model_type = "bert_suite"
@@ -90,6 +92,7 @@ class BertSuiteConfig(PreTrainedConfig):
     causal_attention: bool = False
     use_nsp: bool = True
     unpad_inputs: bool = True
+    bilstm: bool = False
     tie_word_embeddings: bool = True
 
     def __post_init__(self, **kwargs):
@@ -170,7 +173,7 @@ class BertSuiteConfig(PreTrainedConfig):
     def to_bert_dict(self) -> dict:
         """The same architecture as a stock `transformers.BertConfig` dictionary (model_type bert)."""
         out = self.to_dict()
-        for key in ("causal_attention", "use_nsp", "unpad_inputs", "auto_map", "model_type", "architectures", "dtype"):
+        for key in ("causal_attention", "use_nsp", "unpad_inputs", "bilstm", "auto_map", "model_type", "architectures", "dtype"):
             out.pop(key, None)
         out["is_decoder"] = self.causal_attention
         return out

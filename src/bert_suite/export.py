@@ -22,6 +22,9 @@ STOCK_CLASSES = {
     "BertSuiteForMultipleChoice": "BertForMultipleChoice",
     "BertSuiteForTokenClassification": "BertForTokenClassification",
 }
+# Architectures whose outputs read the pooled vector: a causal model pools its last real token, stock BERT position 0.
+POOLED = ("BertSuiteModel", "BertSuiteForPreTraining", "BertSuiteForNextSentencePrediction",
+          "BertSuiteForSequenceClassification", "BertSuiteForMultipleChoice")
 TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
 
@@ -41,6 +44,16 @@ def export_to_bert(src: str | Path, dst: str | Path) -> Path:
     if arch == "BertSuiteForPreTraining" and not config.use_nsp:
         raise ExportError(f"{src}: a pre-training checkpoint without the NSP head (use_nsp=False) has no "
                           "BertForPreTraining equivalent; load it as BertSuiteForMaskedLM and export that")
+    if config.bilstm:
+        raise ExportError(f"{src}: the model has a BiLSTM between the encoder and the head (bilstm=True), a layer "
+                          "stock BERT does not have; expected a checkpoint without --bilstm")
+    if config.causal_attention and arch in POOLED:
+        # stock BERT's is_decoder gives the same causal attention, but its pooler would read position 0
+        raise ExportError(f"{src}: a left-to-right model (causal_attention=True) pools its last real token, while "
+                          f"stock {STOCK_CLASSES[arch]} pools position 0 ([CLS]), which in a left-to-right model "
+                          "sees only itself: the exported model would give other pooled outputs and logits. Token-"
+                          "level heads export with identical outputs (ForQuestionAnswering, ForTokenClassification, "
+                          "ForMaskedLM, as stock is_decoder=True)")
     ours = getattr(modeling_bert_suite, arch).from_pretrained(src)
     stock = getattr(transformers, STOCK_CLASSES[arch])(transformers.BertConfig(**config.to_bert_dict()))
     result = stock.load_state_dict(ours.state_dict(), strict=False)

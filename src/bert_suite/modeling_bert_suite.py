@@ -263,16 +263,64 @@ class BertSuiteEncoder(nn.Module):
         return hidden_states, all_hidden, all_probs
 
 
+class BertSuiteBiLSTM(nn.Module):
+    """A one-layer bidirectional LSTM over the final hidden states (hidden_size / 2 units each way, so
+    the output has the encoder's width): the paper's "+ BiLSTM" row of Table 5, added at fine-tuning
+    on top of a left-to-right model so that every token also sees what follows it. It starts from
+    random weights (it is not pre-trained) and reads each row's real tokens only, in order, whatever
+    the padding (left or right): outputs at padding positions are zeros."""
+
+    def __init__(self, config: BertSuiteConfig):
+        super().__init__()
+        if config.hidden_size % 2:
+            raise BertSuiteConfigError(f"bilstm needs an even hidden_size (half each way), got {config.hidden_size}")
+        self.lstm = nn.LSTM(config.hidden_size, config.hidden_size // 2, batch_first=True, bidirectional=True)
+
+    def forward(self, hidden_states, attention_mask=None):
+        if attention_mask is None or attention_mask.dim() != 2:
+            return self.lstm(hidden_states)[0]
+        keep = attention_mask.to(torch.bool)
+        # each row's real tokens moved to its front, in order (a stable sort puts the 1s first), then packed
+        order = torch.argsort((~keep).to(torch.int8), dim=1, stable=True)  # (batch, seq)
+        front = hidden_states.gather(1, order[..., None].expand_as(hidden_states))
+        lengths = keep.sum(1).clamp(min=1).cpu()
+        packed = nn.utils.rnn.pack_padded_sequence(front, lengths, batch_first=True, enforce_sorted=False)
+        rows, _ = nn.utils.rnn.pad_packed_sequence(self.lstm(packed)[0], batch_first=True,
+                                                   total_length=hidden_states.shape[1])
+        back = torch.empty_like(rows).scatter_(1, order[..., None].expand_as(rows), rows)
+        return back * keep[..., None].to(back.dtype)
+
+
+def last_real_positions(attention_mask, batch: int, seq_len: int, device):
+    """(batch,) index of each row's last real token: the last position whose 2-D attention mask is 1
+    (right or left padding alike); the last position when there is no mask (or a 3-D/4-D one)."""
+    if attention_mask is None or attention_mask.dim() != 2:
+        return torch.full((batch,), seq_len - 1, dtype=torch.long, device=device)
+    positions = torch.arange(seq_len, device=device).expand(batch, seq_len)
+    return torch.where(attention_mask.to(torch.bool), positions, -1).amax(-1).clamp(min=0)
+
+
 class BertSuitePooler(nn.Module):
-    """dense + tanh on the final hidden state of `[CLS]` (C in the paper)."""
+    """dense + tanh on one final hidden state per row, the input of every sequence-level head
+    (classification, regression, multiple choice, NSP). A bidirectional model reads `[CLS]`
+    (position 0: C in the paper). A causal (left-to-right) model reads its last real token, as
+    left-to-right LMs do: there position 0 attends only to itself, so `[CLS]` would be the same
+    vector for every input, while the last real token is the one position that has seen them all."""
 
     def __init__(self, config: BertSuiteConfig):
         super().__init__()
         self.dense = nn.Linear(config.hidden_size, config.hidden_size)
         self.activation = nn.Tanh()
+        self.config = config  # causal_attention read at call time, as the attention reads its settings
 
-    def forward(self, hidden_states):
-        return self.activation(self.dense(hidden_states[:, 0]))
+    def forward(self, hidden_states, attention_mask=None):
+        if self.config.causal_attention:
+            batch, seq_len = hidden_states.shape[:2]
+            rows = torch.arange(batch, device=hidden_states.device)
+            pooled = hidden_states[rows, last_real_positions(attention_mask, batch, seq_len, hidden_states.device)]
+        else:
+            pooled = hidden_states[:, 0]
+        return self.activation(self.dense(pooled))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -510,6 +558,7 @@ class BertSuiteModel(BertSuitePreTrainedModel):
         super().__init__(config)
         self.embeddings = BertSuiteEmbeddings(config)
         self.encoder = BertSuiteEncoder(config)
+        self.bilstm = BertSuiteBiLSTM(config) if config.bilstm else None
         self.pooler = BertSuitePooler(config) if add_pooling_layer else None
         self.post_init()
 
@@ -574,9 +623,11 @@ class BertSuiteModel(BertSuitePreTrainedModel):
         if layout is not None:
             sequence_output = layout.pad(sequence_output)
             all_hidden = None if all_hidden is None else tuple(layout.pad(h) for h in all_hidden)
+        if self.bilstm is not None:  # every head (tokens, spans, the pooler) reads the BiLSTM's outputs
+            sequence_output = self.bilstm(sequence_output, attention_mask)
         out = BaseModelOutputWithPoolingAndCrossAttentions(
             last_hidden_state=sequence_output,
-            pooler_output=self.pooler(sequence_output) if self.pooler is not None else None,
+            pooler_output=self.pooler(sequence_output, attention_mask) if self.pooler is not None else None,
             hidden_states=all_hidden,
             attentions=all_probs,
         )

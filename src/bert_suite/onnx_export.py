@@ -115,6 +115,9 @@ def export_to_onnx(run_dir: str | Path, out_dir: str | Path, opset: int = DEFAUL
 
     run_dir, out_dir = Path(run_dir), Path(out_dir)
     model = load_checkpoint(run_dir)
+    if getattr(model.config, "bilstm", False):  # packing each row's real tokens has data-dependent shapes
+        raise OnnxExportError(f"{run_dir}: the model has a BiLSTM between the encoder and the head (bilstm=True), "
+                              "which the ONNX export does not support; expected a checkpoint without --bilstm")
     choices = 2 if "MultipleChoice" in type(model).__name__ else None
     example = sample_inputs(model.config, 2, 16, choices, seed=0)
     with torch.no_grad():

@@ -214,8 +214,8 @@ def prepare(card: TaskCard, model: str, data_dir: str | None = None, tokenizer: 
     in the order of the checkpoint's id2label (see `labels_of_checkpoint`). `max_samples` keeps the
     first N examples of the train, dev ("eval") or predicted ("predict") splits, as the example
     scripts' --max_train_samples, --max_eval_samples and --max_predict_samples."""
-    card = labels_of_checkpoint(card, model, strict=predicting)
-    tok = load_tokenizer(model, tokenizer)
+    card = labels_of_checkpoint(card, checkpoint_of(model), strict=predicting)
+    tok = load_tokenizer(checkpoint_of(model), tokenizer)
     max_len = check_max_seq_length(int(max_seq_length or card.defaults.get("max_seq_length", 128)))
     checked_only = []  # test files given to a training run: read now (a bad one fails before training), not
     if splits is None:  # tokenised (predict does that after training, with the model's settings)
@@ -234,17 +234,59 @@ def prepare(card: TaskCard, model: str, data_dir: str | None = None, tokenizer: 
     return Prepared(card, tok, raw, encoded, max_len, {s: d._fingerprint for s, d in raw.items()})
 
 
+@dataclass(frozen=True)
+class ModelSpec:
+    """What --model names: a checkpoint (a folder or a Hub id) or `preset:NAME` (random weights of a paper
+    size), after any of two prefixes: `random:` (the checkpoint's config and vocabulary with fresh weights: its
+    random twin, the floor a pre-trained model is compared with) and `bilstm:` (a randomly initialised BiLSTM
+    between the encoder and the head: the "+ BiLSTM" row of the paper's Table 5). E.g. `random:runs/x/final`,
+    `bilstm:runs/ltr/final`."""
+
+    source: str
+    random: bool = False
+    bilstm: bool = False
+
+    @classmethod
+    def parse(cls, model: str) -> ModelSpec:
+        flags, rest = {"random": False, "bilstm": False}, model
+        while (prefix := rest.split(":", 1)[0]) in flags and ":" in rest:
+            flags[prefix], rest = True, rest.split(":", 1)[1]
+        if not rest:
+            raise RunError(f"--model {model}: no checkpoint after the prefix; expected e.g. random:runs/x/final")
+        if flags["random"] and rest.startswith("preset:"):
+            raise RunError(f"--model {model}: a preset is random weights already; give preset:NAME, or random:PATH "
+                           "for a checkpoint's random twin")
+        return cls(rest, **flags)
+
+
+def checkpoint_of(model: str) -> str:
+    """The checkpoint (or preset) a --model value reads its config and tokenizer from (prefixes removed)."""
+    return ModelSpec.parse(model).source
+
+
 def load_model(card: TaskCard, model: str, max_seq_length: int, vocab_size: int | None = None):
     """A bert_suite or stock BERT checkpoint (folder or Hub id), or `preset:NAME` for random
-    weights of a paper size (vocabulary sized to the tokenizer), with the card's head."""
+    weights of a paper size (vocabulary sized to the tokenizer), with the card's head; the
+    prefixes of `ModelSpec` (`random:`, `bilstm:`) before either."""
     adapter = adapter_for(card)
+    spec = ModelSpec.parse(model)
     labels = adapter.model_kwargs(card)
-    if model.startswith("preset:"):
-        sizes = {"vocab_size": vocab_size} if vocab_size else {}
-        config = BertSuiteConfig.from_preset(model.split(":", 1)[1], **sizes, **labels)
+    if spec.bilstm:
+        labels["bilstm"] = True
+    model = spec.source
+    if model.startswith("preset:") or spec.random:
+        if spec.random:
+            check_checkpoint_folder(model)
+            try:
+                config = BertSuiteConfig.from_pretrained(model, **labels)
+            except OSError as err:
+                raise model_load_error(model, err) from None
+        else:
+            sizes = {"vocab_size": vocab_size} if vocab_size else {}
+            config = BertSuiteConfig.from_preset(model.split(":", 1)[1], **sizes, **labels)
         if config.max_position_embeddings < max_seq_length:
-            raise RunError(f"max_seq_length {max_seq_length} exceeds the preset's max_position_embeddings "
-                           f"({config.max_position_embeddings}) of {model}; pass --max_seq_length "
+            raise RunError(f"max_seq_length {max_seq_length} exceeds the {'preset' if not spec.random else 'model'}'s "
+                           f"max_position_embeddings ({config.max_position_embeddings}) of {model}; pass --max_seq_length "
                            f"{config.max_position_embeddings} or less")
         return adapter.MODEL_CLASS(config)
     check_checkpoint_folder(model)
