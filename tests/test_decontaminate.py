@@ -81,3 +81,17 @@ def test_the_command_and_its_refusals(tmp_path, capsys):
         decontaminate([str(corpus)], [str(binary)], str(tmp_path / "o"))
     with pytest.raises(DecontaminationError, match=r"every one of the 8 sentences .* nothing is left"):
         decontaminate([str(corpus)], [str(corpus)], str(tmp_path / "o"), ngram=3)
+
+
+def test_one_sentence_documents_stay_apart_when_read_as_lines(tmp_path):
+    """A task's single-sentence examples (`corpus --from_task` writes one per document): auto-detection takes such
+    a file for raw text, one document, and would run the examples together; --format lines keeps them apart."""
+    corpus = write(tmp_path / "sst2-train.txt", "".join(f"a short review number {i} here\n\n" for i in range(40)))
+    against = write(tmp_path / "dev.txt", "nothing in common with the corpus at all\n")
+    decontaminate([str(corpus)], [str(against)], str(tmp_path / "auto"), ngram=8)
+    assert (tmp_path / "auto" / "sst2-train.txt").read_text().count("\n\n") == 0  # one document
+    assert cli_main(["decontaminate", "--input", str(corpus), "--against", str(against), "--format", "lines",
+                     "--output_dir", str(tmp_path / "lines")]) == 0
+    kept = (tmp_path / "lines" / "sst2-train.txt").read_text()
+    assert kept.count("\n\n") == 39 and kept.startswith("a short review number 0 here\n\na short review number 1")
+    assert json.loads((tmp_path / "lines" / "decontamination.json").read_text())["documents"] == 40

@@ -3,6 +3,7 @@
 The corpora are written here. In the NSP corpus every sentence is one word repeated, `d<doc>s<sent>`,
 so each token says which document and sentence it came from."""
 
+import hashlib
 import json
 import os
 import random
@@ -350,3 +351,36 @@ def test_windows_1252_text_is_decoded_and_reported(tmp_path):
     binary.write_bytes(b"\x81\x8d\x8f\x90\x9d text")  # invalid in both UTF-8 and Windows-1252
     with pytest.raises(ValueError, match=r"binary\.txt: byte 0: invalid start byte: the file is neither UTF-8"):
         build_pretraining_dataset([str(binary), str(old)], tokenizer, str(tmp_path / "out"))
+
+
+def test_balance_nsp_makes_one_sentence_documents_isnext_half_the_time(tmp_path):
+    """The reference makes every one-sentence chunk NotNext; --balance_nsp cuts such a sentence at a random token
+    instead, half the time, so that B is A's own continuation (IsNext)."""
+    corpus, vocab, id_to_token = write_nsp_corpus(tmp_path, documents=300, sentences=1, length=(3, 8))
+    reference = build_pretraining_dataset([str(corpus)], str(vocab), str(tmp_path / "ref"), max_seq_length=32,
+                                          fmt="lines", seed=3)
+    assert reference["not_next_share"] == 1.0 and reference["balance_nsp"] is False
+    stats = build_pretraining_dataset([str(corpus)], str(vocab), str(tmp_path / "bal"), max_seq_length=32,
+                                      fmt="lines", seed=3, balance_nsp=True)
+    assert 0.44 < stats["not_next_share"] < 0.56 and stats["balance_nsp"] is True
+    special = {t: i for i, t in id_to_token.items() if t in SPECIAL_TOKENS}
+    lengths = {line.split()[0]: len(line.split()) for line in corpus.read_text().split("\n") if line}
+    for example in load_from_disk(str(tmp_path / "bal")):
+        a, b = split_pair(example, special)
+        if example["next_sentence_label"] == 0:  # one sentence, cut in two: the same word on both sides
+            words = {id_to_token[i] for i in a + b}
+            assert len(words) == 1 and len(a) + len(b) == lengths[words.pop()]
+
+
+# The default output on this corpus, computed with the code as it was before --balance_nsp existed: the
+# reference algorithm's instances must not move when the option is off.
+REFERENCE_DIGEST = "a8aaed4b7ce5876ae7236157acc22e6bf2d2e8b1d4aadcc54281a13eeb6399d3"
+
+
+def test_the_default_output_is_the_reference_algorithms_as_before_balance_nsp(tmp_path):
+    corpus, vocab, _ = write_nsp_corpus(tmp_path, documents=40, sentences=5, length=(2, 9))
+    build_pretraining_dataset([str(corpus)], str(vocab), str(tmp_path / "out"), max_seq_length=32, fmt="lines",
+                              seed=5, dupe_factor=2)
+    data = load_from_disk(str(tmp_path / "out"))
+    found = json.dumps([list(data["input_ids"]), list(data["next_sentence_label"])])
+    assert hashlib.sha256(found.encode()).hexdigest() == REFERENCE_DIGEST

@@ -142,10 +142,10 @@ def against_sentences(path: Path) -> Iterator[tuple[int, str]]:
 # ------------------------------------------------------------------------------------------------ the input side
 
 
-def input_documents(path: Path) -> Iterator[list[tuple[int, str]]]:
-    """The documents of a corpus file as the pre-training readers see them, each sentence with the line
-    where it starts."""
-    fmt, encoding = resolve_format(path, "auto"), file_encoding(path)
+def input_documents(path: Path, fmt: str = "auto") -> Iterator[list[tuple[int, str]]]:
+    """The documents of a corpus file as the pre-training readers see them in format `fmt` (auto: detected),
+    each sentence with the line where it starts."""
+    fmt, encoding = resolve_format(path, fmt), file_encoding(path)
     seen: list[tuple[int, str]] = []
 
     def numbered():
@@ -185,9 +185,12 @@ class Report:
 
 
 def decontaminate(inputs: list[str], against: list[str], output_dir: str, ngram: int = DEFAULT_NGRAM,
-                  log=print) -> Report:
+                  log=print, fmt: str = "auto") -> Report:
     """Write each input file, without its contaminated sentences, to OUTPUT_DIR (one sentence per line,
-    a blank line between documents; a document left empty is dropped) and decontamination.json."""
+    a blank line between documents; a document left empty is dropped) and decontamination.json. The inputs
+    are read in format `fmt` (as `pretrain-data --format`; auto detects it per file). A file of one-sentence
+    documents (a task's single-sentence examples, as `corpus --from_task` writes them) is detected as raw
+    text, one document, so give it `lines` to keep its documents apart."""
     if ngram < MIN_NGRAM:
         raise DecontaminationError(f"--ngram {ngram}: below {MIN_NGRAM}; shorter sequences match common phrases "
                                    f"everywhere (default {DEFAULT_NGRAM})")
@@ -220,7 +223,7 @@ def decontaminate(inputs: list[str], against: list[str], output_dir: str, ngram:
     kept_total = 0
     for path in paths:
         kept_docs = []
-        for doc in input_documents(path):
+        for doc in input_documents(path, fmt):
             report.documents += 1
             kept = []
             for line, sentence in doc:

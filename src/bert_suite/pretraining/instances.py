@@ -100,11 +100,17 @@ def _trim(tokens: list[int], keep: int, rng: random.Random) -> list[int]:
 
 
 def instances_from_document(documents: list[list[list[int]]], index: int, max_num_tokens: int,
-                            short_seq_prob: float, rng: random.Random
+                            short_seq_prob: float, rng: random.Random, balance_nsp: bool = False
                             ) -> Iterator[tuple[list[int], list[int], int, bool, bool]]:
     """(segment A, segment B, label 0 IsNext / 1 NotNext, truncated, short target) tuples from
     document `index`, by the reference algorithm. NotNext segments come from another document of
-    `documents`; "short target" says the document drew a shortened target length."""
+    `documents`; "short target" says the document drew a shortened target length.
+
+    The reference makes every chunk of one sentence NotNext (there is no second sentence to continue
+    it), so a corpus of one-sentence documents (a task's single-sentence examples) gives far more
+    NotNext than IsNext pairs. With `balance_nsp`, such a chunk is IsNext with probability 1/2 like
+    any other, its B being the sentence's own continuation: A = its first k tokens, B = the rest (k
+    uniform in 1..n-1). Off (the default), the random draws and the output are the reference's."""
     document = documents[index]
     target_length = max_num_tokens
     short = rng.random() < short_seq_prob
@@ -119,7 +125,10 @@ def instances_from_document(documents: list[list[list[int]]], index: int, max_nu
         if i == len(document) - 1 or chunk_length >= target_length:
             a_end = rng.randint(1, len(chunk) - 1) if len(chunk) >= 2 else 1
             tokens_a = [t for sentence in chunk[:a_end] for t in sentence]
-            if len(chunk) == 1 or rng.random() < 0.5:
+            if balance_nsp and len(chunk) == 1 and len(chunk[0]) >= 2 and rng.random() >= 0.5:
+                split = rng.randint(1, len(chunk[0]) - 1)  # IsNext inside the one sentence
+                tokens_a, tokens_b, label = chunk[0][:split], chunk[0][split:], 0
+            elif len(chunk) == 1 or rng.random() < 0.5:
                 label = 1
                 # The fix: draw among the OTHER documents (the reference may pick this one and
                 # still label the pair NotNext).
@@ -219,7 +228,8 @@ def _generate(shards: list, settings: dict, tokenizer) -> Iterator[dict]:
                 counts["document_passes"] += 1
                 first = True
                 for tokens_a, tokens_b, label, truncated, short in instances_from_document(
-                        documents, index, max_num_tokens, settings["short_seq_prob"], rng):
+                        documents, index, max_num_tokens, settings["short_seq_prob"], rng,
+                        settings["balance_nsp"]):
                     counts["short_target_passes"] += short and first
                     first = False
                     examples.append({"input_ids": [cls_id, *tokens_a, sep_id, *tokens_b, sep_id],
@@ -265,7 +275,7 @@ def build_pretraining_dataset(files: list[str], tokenizer, output_dir: str, max_
                               short_seq_prob: float = 0.1, dupe_factor: int = 1, static_masking: bool = False,
                               max_predictions_per_seq: int = 20, masked_lm_prob: float = 0.15,
                               whole_word_mask: bool = False, seed: int = 12345, num_proc: int | None = None,
-                              fmt: str = "auto", docs_per_shard: int = 2000) -> dict:
+                              fmt: str = "auto", docs_per_shard: int = 2000, balance_nsp: bool = False) -> dict:
     """Turn text files into NSP instances saved with `datasets` (`load_from_disk(output_dir)`), and
     return (and write to output_dir/pretrain_data_stats.json) the statistics.
 
@@ -273,7 +283,8 @@ def build_pretraining_dataset(files: list[str], tokenizer, output_dir: str, max_
     1 NotNext); with `static_masking`, input_ids hold the masked ids and `labels` (int32) the
     original id at predicted positions, -100 elsewhere, with new masks in each of the
     `dupe_factor` rounds. `whole_word_mask`, `max_predictions_per_seq` and `masked_lm_prob` only
-    apply to static masking. The same seed gives the same dataset for any `num_proc`."""
+    apply to static masking. `balance_nsp`: one-sentence chunks are IsNext half the time (see
+    `instances_from_document`). The same seed gives the same dataset for any `num_proc`."""
     from datasets import Dataset
     from datasets.exceptions import DatasetGenerationError
 
@@ -305,7 +316,7 @@ def build_pretraining_dataset(files: list[str], tokenizer, output_dir: str, max_
     arguments = dict(max_seq_length=max_seq_length, short_seq_prob=short_seq_prob, dupe_factor=dupe_factor,
                      seed=seed, static_masking=static_masking, whole_word_mask=whole_word_mask,
                      max_predictions_per_seq=max_predictions_per_seq, masked_lm_prob=masked_lm_prob,
-                     docs_per_shard=docs_per_shard)
+                     docs_per_shard=docs_per_shard, balance_nsp=balance_nsp)
     with tempfile.TemporaryDirectory(dir=out, prefix=".build-") as scratch:
         settings = dict(arguments, stats_dir=scratch, cls_id=special["[CLS]"], sep_id=special["[SEP]"])
         identity = [(str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in paths]
