@@ -34,7 +34,7 @@ def _export(args: argparse.Namespace, rest: list[str]) -> None:
 def _decontaminate(args: argparse.Namespace, rest: list[str]) -> None:
     from .pretraining.decontaminate import decontaminate
 
-    decontaminate(args.input, args.against, args.output_dir, args.ngram)
+    decontaminate(args.input, args.against, args.output_dir, args.ngram, fmt=args.format)
 
 
 def _dashboard(args: argparse.Namespace, rest: list[str]) -> None:
@@ -195,7 +195,7 @@ def _finetune(args: argparse.Namespace, rest: list[str]) -> None:
     overrides = _training_overrides(rest)  # flags first: a typo must not wait on the network
     card = _load_card(args)
     _check_push(args, card)
-    _needs_hub(args.model, _data_source(card, args.data_dir), args.tokenizer or args.model)
+    _model_flags(args, card)
     output_dir = args.output_dir or f"runs/{card.name}"
     precision = training_precision(overrides, args.precision)  # sets TrainingArguments' bf16 in overrides
     lora = _lora(args)
@@ -217,6 +217,17 @@ def _finetune(args: argparse.Namespace, rest: list[str]) -> None:
               lora=lora)
     print(json.dumps({k: v for k, v in {**result["metrics"], **test_scores}.items()
                       if k.startswith(("eval_", "test_"))}, indent=2))
+
+
+def _model_flags(args: argparse.Namespace, card) -> None:
+    """--bilstm as the model's `bilstm:` prefix (runner.ModelSpec); then the Hub, when the checkpoint, the data
+    or the tokenizer is not local."""
+    from .runner import checkpoint_of
+
+    if args.bilstm and not args.model.startswith("bilstm:"):
+        args.model = f"bilstm:{args.model}"
+    source = checkpoint_of(args.model)
+    _needs_hub(source, _data_source(card, args.data_dir), args.tokenizer or source)
 
 
 def _lora(args: argparse.Namespace, grid_ranks: list[int] | None = None):
@@ -261,7 +272,7 @@ def _grid(args: argparse.Namespace, rest: list[str]) -> None:
     if owned:  # the grid would overwrite it with its own values
         raise ValueError(f"{', '.join(owned)}: the grid sets this for every trial; give its values with the grid flag")
     _check_push(args, card)
-    _needs_hub(args.model, _data_source(card, args.data_dir), args.tokenizer or args.model)
+    _model_flags(args, card)
     output_dir = args.output_dir or f"runs/{card.name}-grid"
     precision = training_precision(overrides, args.precision)
     _announce(precision)
@@ -284,6 +295,46 @@ def _grid(args: argparse.Namespace, rest: list[str]) -> None:
         best_lora = lora.with_rank(result["best"].get("lora_r", lora.r)) if lora else None
         _push(card, str(Path(output_dir) / "best"), args, result["best"]["metrics"], None, result, precision,
               test_scores, best_lora)
+
+
+def _compare(args: argparse.Namespace, rest: list[str]) -> None:
+    from .compare import (
+        CompareError,
+        check_label_counts,
+        check_seeds,
+        parse_models,
+        parse_tasks,
+        run_compare,
+        vocabulary_of,
+    )
+    from .grid import search_space
+    from .runner import training_precision
+
+    overrides = _training_overrides(rest)  # flags first: a typo must not wait on the network
+    owned = [f"--{name} (use {flag})" for name, flag in GRID_AXES.items() if name in overrides]
+    if owned:
+        raise ValueError(f"{', '.join(owned)}: the grid sets this for every trial; give its values with the grid flag")
+    # every check before anything is written or trained
+    models = parse_models(args.model)
+    if args.baseline not in models:
+        raise CompareError(f"--baseline {args.baseline}: not one of the models ({', '.join(models)})")
+    check_seeds(args.seeds)
+    tasks = parse_tasks(args.tasks, args.data_dir, args.metric)
+    for model in models.values():
+        vocabulary_of(model)  # a PATH that is not a checkpoint fails here
+    _needs_hub(*(m.path for m in models.values()), *(t.data_dir for t in tasks.values()))
+    check_label_counts(tasks)
+    spaces = {key: search_space(task.card, args.grid, learning_rate=args.learning_rates,
+                                per_device_train_batch_size=args.batch_sizes, num_train_epochs=args.epochs,
+                                seed=args.seeds) for key, task in tasks.items()}
+    precision = training_precision(overrides, args.precision)
+    _announce(precision)
+    result = run_compare(models, tasks, args.baseline, args.seeds, spaces, args.output_dir, args.storage,
+                         args.max_seq_length, args.max_eval_samples, overrides, precision,
+                         args.heartbeat_interval, args.grace_period)
+    print(Path(args.output_dir, "compare.md").read_text())
+    print(f"wrote {Path(args.output_dir) / 'compare.json'} and compare.png ({len(result['tasks'])} tasks x "
+          f"{len(result['models'])} models)")
 
 
 def _record_grid_test_scores(out: Path, result: dict, scores: dict) -> None:
@@ -395,6 +446,16 @@ def _predict(args: argparse.Namespace, rest: list[str]) -> None:
             print(json.dumps({f"{split}_{k}": v for k, v in done.scores.items()}, indent=2))
 
 
+def _squad_small(args: argparse.Namespace, rest: list[str]) -> None:
+    from .squad_small import build_squad_small
+
+    report = build_squad_small(args.input, args.output_dir, args.train_share, args.seed)
+    print(f"wrote {args.output_dir}/train.json ({report['train']['articles']} articles, "
+          f"{report['train']['questions']:,} questions) and dev.json ({report['dev']['articles']} articles, "
+          f"{report['dev']['questions']:,} questions); no article on both sides (split.json). Fine-tune with "
+          f"`bert-suite grid squad_small --data_dir {args.output_dir}`")
+
+
 def _score(args: argparse.Namespace, rest: list[str]) -> None:
     from .metrics.squad import score_files
 
@@ -429,7 +490,8 @@ def _pretrain_data(args: argparse.Namespace, rest: list[str]) -> None:
         args.input, args.tokenizer, args.output_dir, max_seq_length=args.max_seq_length,
         short_seq_prob=args.short_seq_prob, dupe_factor=args.dupe_factor, static_masking=args.static_masking,
         max_predictions_per_seq=args.max_predictions_per_seq, masked_lm_prob=args.masked_lm_prob,
-        whole_word_mask=args.whole_word_mask, seed=args.seed, num_proc=args.num_proc, fmt=args.format)
+        whole_word_mask=args.whole_word_mask, seed=args.seed, num_proc=args.num_proc, fmt=args.format,
+        balance_nsp=args.balance_nsp)
     print(format_stats(stats))
 
 

@@ -82,6 +82,27 @@ def paired_difference(first: list[float], second: list[float]) -> tuple[float, f
     return statistics.fmean(diffs), statistics.stdev(diffs) / math.sqrt(len(diffs))
 
 
+def mean_se(values: list[float]) -> tuple[float, float | None]:
+    """Mean and standard error (sample standard deviation / sqrt(n)); the error is None for one value."""
+    mean = statistics.fmean(values)
+    return mean, (statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else None)
+
+
+VERDICT_SE = 2.0  # a paired difference beyond this many standard errors is a verdict, not noise
+
+
+def paired_comparison(first: list[float], second: list[float]) -> dict:
+    """first - second, paired by seed: the mean difference, its standard error (`paired_difference`), a 95%
+    interval from Student's t with n - 1 degrees of freedom, and a verdict: "ahead" when the difference
+    exceeds VERDICT_SE standard errors, "behind" below minus that, else "level"."""
+    from scipy.stats import t
+
+    difference, se = paired_difference(first, second)
+    half = float(t.ppf(0.975, len(first) - 1)) * se
+    verdict = "ahead" if difference > VERDICT_SE * se else "behind" if difference < -VERDICT_SE * se else "level"
+    return {"difference": difference, "se": se, "ci95": [difference - half, difference + half], "verdict": verdict}
+
+
 def _is_score(key: str) -> bool:
     return not any(marker in key for marker in _NOT_SCORE_MARKERS)
 

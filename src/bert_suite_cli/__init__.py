@@ -14,7 +14,7 @@ import sys
 
 # Command -> what it does (the help lists them in these groups).
 GROUPS = {
-    "fine-tuning": ("finetune", "grid", "dashboard", "predict", "tasks"),
+    "fine-tuning": ("finetune", "grid", "compare", "dashboard", "predict", "tasks", "squad-small"),
     "results and scoring": ("glue-package", "score"),
     "pre-training": ("tokenizer", "corpus", "decontaminate", "pretrain-data", "demo"),
     "feature-based (Table 7)": ("extract-features", "feature-ner"),
@@ -25,7 +25,13 @@ EXAMPLES = {
     "finetune": "bert-suite finetune rte --model bert-base-uncased --data_dir glue/RTE --learning_rate 2e-5",
     "grid": "bert-suite grid rte --model bert-base-uncased --learning_rates 2e-5 3e-5 --seeds 1 2 3",
     "predict": "bert-suite predict rte --model runs/rte-grid/best --split test",
+    "compare": "bert-suite compare --model mlm=runs/mlm/final ltr=runs/ltr/final random=random:runs/mlm/final "
+               "--baseline mlm \\\n      --task mrpc sst2@1000 --data_dir glue --seeds 1 2 3 4 5 "
+               "--learning_rates 3e-4 1e-3 --output_dir runs/compare",
     "tasks": "bert-suite tasks",
+    "squad-small": "bert-suite squad-small --input dev-v1.1.json --output_dir data/squad_small\n"
+                   "  bert-suite grid squad_small --model runs/pretrain/final --data_dir data/squad_small "
+                   "--max_seq_length 128",
     "glue-package": "bert-suite glue-package runs/rte-grid runs/mrpc-grid --output_dir glue_submission",
     "score": "bert-suite score squad --data dev-v2.0.json --predictions runs/squad/predictions/dev/predictions.json",
     "tokenizer": "bert-suite tokenizer --input corpus.txt --vocab_size 30522 --lowercase --output_dir vocab",
@@ -84,7 +90,11 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("task", nargs="?", help="task card name (rte, glue/mnli, ...) or path to a card YAML; leave it "
                    "out to fine-tune on --train_file/--validation_file without a card")
     p.add_argument("--model", required=True,
-                   help="Hub id or local checkpoint (stock BERT or bert_suite), or preset:NAME for random weights")
+                   help="Hub id or local checkpoint (stock BERT or bert_suite), or preset:NAME for random weights; "
+                   "random:PATH is PATH's config and vocabulary with fresh weights (its random twin)")
+    p.add_argument("--bilstm", action="store_true",
+                   help="a randomly initialised BiLSTM between the encoder and the head, for every task family "
+                   "(the paper's Table 5 '+ BiLSTM' row, on a left-to-right model); the same as --model bilstm:MODEL")
     p.add_argument("--data_dir", help="folder with the task's original files (default: the Hub)")
     _add_file_flags(p, "train", "validation", "test")
     p.add_argument("--max_train_samples", type=int, help="keep the first N training examples (quick runs)")
@@ -171,6 +181,39 @@ def build_parser() -> argparse.ArgumentParser:
                       "(default: 120)")
     grid.add_argument("--keep_all", action="store_true", help="keep every trial's checkpoint, not only the best")
     grid.set_defaults(func="_grid", takes_training_flags=True)
+
+    comp = sub.add_parser("compare", help="several checkpoints on the same tasks, grid and seeds, each against a "
+                          "baseline seed by seed (a pre-training ablation; extra flags are TrainingArguments)")
+    comp.add_argument("--model", action="extend", nargs="+", required=True, metavar="NAME=PATH",
+                      help="a model to compare (two or more; repeat the flag or list them): a checkpoint folder or Hub "
+                      "id; random:PATH is PATH's config and vocabulary with fresh weights (its random twin); "
+                      "bilstm:PATH adds a randomly initialised BiLSTM before the head (Table 5's + BiLSTM)")
+    comp.add_argument("--baseline", required=True, metavar="NAME", help="the model every other is compared with")
+    comp.add_argument("--task", dest="tasks", action="extend", nargs="+", required=True, metavar="TASK[@LABELS]",
+                      help="task cards to fine-tune on; TASK@N keeps the first N training examples (the same N for "
+                      "every model and seed), e.g. sst2@1000")
+    comp.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3, 4, 5],
+                      help="random restarts, the same for every model: data order, label subset and head "
+                      "initialisation are paired by seed (at least 2; default: 1 2 3 4 5)")
+    comp.add_argument("--data_dir", nargs="+", metavar="DIR",
+                      help="folders with the tasks' files: a folder that holds a task's data folder (a GLUE root with "
+                      "RTE/, SST-2/, ...) or its files, or TASK=DIR for one task (default: the Hub)")
+    comp.add_argument("--metric", nargs="+", metavar="TASK=METRIC",
+                      help="compare and choose settings on this metric instead of the card's (e.g. mrpc=accuracy)")
+    comp.add_argument("--output_dir", default="runs/compare", help="OUT/TASK/NAME per grid; compare.json, compare.md "
+                      "and compare.png (default: runs/compare)")
+    comp.add_argument("--grid", choices=["paper", "paper-glue"], help="a preset grid (default: each card's)")
+    comp.add_argument("--learning_rates", type=float, nargs="+")
+    comp.add_argument("--batch_sizes", type=int, nargs="+")
+    comp.add_argument("--epochs", type=float, nargs="+")
+    comp.add_argument("--max_seq_length", type=int, help="default: each card's (128 for GLUE)")
+    comp.add_argument("--max_eval_samples", type=int, help="keep the first N examples of each dev split (quick runs)")
+    comp.add_argument("--storage", help="Optuna storage URL shared by every worker (default: grid.db in each grid's "
+                      "folder); start the same command on several machines to share the work")
+    comp.add_argument("--heartbeat_interval", type=int, default=30, help="as grid's (default: 30)")
+    comp.add_argument("--grace_period", type=int, default=120, help="as grid's (default: 120)")
+    _add_precision_flag(comp)
+    comp.set_defaults(func="_compare", takes_training_flags=True)
 
     dash = sub.add_parser("dashboard", help="watch a grid in the browser (optuna-dashboard): trials, learning curves")
     dash.add_argument("run_dir", nargs="?", metavar="RUN_DIR", help="the grid's --output_dir (its grid.db)")
@@ -263,6 +306,10 @@ def build_parser() -> argparse.ArgumentParser:
     decon.add_argument("--ngram", type=int, default=8,
                        help="N: words a sentence must share in a row to be removed, after lowercasing and "
                        "splitting punctuation (default 8; 13-grams miss short sentences such as SST-2's)")
+    decon.add_argument("--format", default="auto", choices=["auto", "lines", "raw", "wikitext"],
+                       help="the --input files' layout, as pretrain-data's (auto detects it per file; give lines for "
+                       "files of one-sentence documents, such as `corpus --from_task` writes for single-sentence "
+                       "tasks, which auto takes for raw text)")
     decon.add_argument("--output_dir", required=True, help="the cleaned files (same names) and decontamination.json")
     decon.set_defaults(func="_decontaminate")
 
@@ -280,6 +327,10 @@ def build_parser() -> argparse.ArgumentParser:
     data.add_argument("--max_predictions_per_seq", type=int, default=20)
     data.add_argument("--masked_lm_prob", type=float, default=0.15)
     data.add_argument("--whole_word_mask", action="store_true")
+    data.add_argument("--balance_nsp", action="store_true",
+                      help="a chunk of one sentence is IsNext half the time (A and B: the sentence cut at a random "
+                      "token) instead of always NotNext, so corpora of one-sentence documents (a task's "
+                      "single-sentence examples) give a NotNext share near 0.5 (default: the reference algorithm)")
     data.add_argument("--seed", type=int, default=12345)
     data.add_argument("--num_proc", type=int, help="worker processes (default: 1)")
     data.add_argument("--format", default="auto", choices=["auto", "lines", "raw", "wikitext"],
@@ -306,6 +357,16 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--max_steps", type=int, help="pre-training steps (default: 2000)")
     _add_precision_flag(demo, "pre-train and fine-tune")
     demo.set_defaults(func="_demo")
+
+    small = sub.add_parser("squad-small", help="split SQuAD v1.1's dev set by article into the squad_small task's "
+                           "train.json and dev.json")
+    small.add_argument("--input", required=True, metavar="FILE", help="the official dev-v1.1.json")
+    small.add_argument("--output_dir", required=True, help="where train.json, dev.json and split.json go (the "
+                       "task's --data_dir)")
+    small.add_argument("--train_share", type=float, default=0.8,
+                       help="share of the questions on the train side, whole articles each side (default: 0.8)")
+    small.add_argument("--seed", type=int, default=0, help="orders the articles (by a hash of seed and title)")
+    small.set_defaults(func="_squad_small")
 
     tasks = sub.add_parser("tasks", help="list the shipped task cards: family, metric, data source")
     tasks.set_defaults(func="_tasks")

@@ -1,0 +1,339 @@
+"""`bert-suite compare`: several checkpoints fine-tuned on the same tasks with the same grid, seeds and label
+subsets, and each compared with a baseline seed by seed: the protocol of the paper's ablations (Table 5), where
+two pre-trainings differ in one thing and everything after them is the same.
+
+For every task and model the grid (grid.py: learning rate x batch size x epochs x seed, resumable, shared by
+workers) runs in OUT/TASK/NAME. The seeds are the same for every model, so each seed gives every model the
+same data order and the same label subset (`sst2@1000`: the first 1,000 training examples). Per model, the
+setting with the best mean dev score over the seeds is chosen (not its luckiest trial); its per-seed scores,
+mean and standard error are reported, and against the baseline the mean per-seed difference, its standard
+error, a 95% interval (Student's t, n - 1 degrees of freedom) and a verdict at 2 SE (report.py). Scores are on
+the metric's 0-100 scale. Writes OUT/compare.json, compare.md (one table: models x tasks, the shape of the
+paper's Table 5) and compare.png (grouped bars with SE error bars).
+
+A model is `NAME=PATH` (a checkpoint folder or Hub id), `NAME=random:PATH` (PATH's config and vocabulary with
+fresh weights: its random twin) or `NAME=bilstm:PATH` (a randomly initialised BiLSTM between the encoder and the
+head: Table 5's "+ BiLSTM"). Everything is checked before anything is written or trained.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from .cards import CardError, TaskCard, load_card
+from .grid import grid_key, run_grid
+from .io import atomic_write_text, save_figure
+from .report import choose_setting, md_table, mean_se, paired_comparison, seed_scores
+from .runner import ModelSpec, RunError, adapter_for
+
+SETTING_NAMES = ("learning_rate", "batch_size", "epochs")
+_NAME = re.compile(r"[A-Za-z0-9][\w.-]*")
+
+
+class CompareError(RunError):
+    """A comparison that cannot start; the message names the flag, the value and what was expected."""
+
+
+@dataclass(frozen=True)
+class Model:
+    name: str
+    model: str  # what the grid is given (prefixes included)
+    path: str  # the checkpoint it reads its config and vocabulary from
+    random_init: bool
+    bilstm: bool
+
+
+@dataclass(frozen=True)
+class Task:
+    key: str  # as given: "sst2@1000"
+    card: TaskCard
+    labels: int | None  # the first N training examples (None: all)
+    metric: str  # compared and chosen on: the card's selection metric or --metric TASK=NAME
+    data_dir: str | None
+
+
+def parse_models(values: list[str]) -> dict[str, Model]:
+    """NAME=PATH values as Models, in order; at least two, names unique, each PATH a checkpoint."""
+    models: dict[str, Model] = {}
+    for value in values:
+        name, sep, model = value.partition("=")
+        if not sep or not model:
+            raise CompareError(f"--model {value}: expected NAME=PATH (e.g. mlm=runs/mlm/final, random=random:runs/mlm/final)")
+        if not _NAME.fullmatch(name):
+            raise CompareError(f"--model {value}: the name {name!r} is not a plain name; expected letters, digits, "
+                               "'_', '-' or '.' (it names a folder and a table row)")
+        if name in models:
+            raise CompareError(f"--model {value}: the name {name} is given twice; expected one --model per name")
+        spec = ModelSpec.parse(model)
+        if spec.source.startswith("preset:"):
+            raise CompareError(f"--model {value}: a preset has no vocabulary of its own; expected a checkpoint, or "
+                               "random:PATH for a checkpoint's random twin")
+        models[name] = Model(name, model, spec.source, spec.random, spec.bilstm)
+    if len(models) < 2:
+        raise CompareError(f"--model: {len(models)} model given; a comparison needs at least two")
+    return models
+
+
+def vocabulary_of(model: Model) -> tuple[int, str]:
+    """(size, sha256 of the tokens in order) of the model's tokenizer; a PATH that is not a checkpoint (no
+    config.json, or no weights unless random:) is an error naming it."""
+    from .tokenization import load_tokenizer
+
+    path = Path(model.path)
+    if path.exists():
+        if not (path / "config.json").is_file():
+            raise CompareError(f"--model {model.name}={model.model}: {path} is not a checkpoint (no config.json); "
+                               "expected a folder written by the recipe, finetune or save_pretrained")
+        weights = list(path.glob("*.safetensors")) + list(path.glob("pytorch_model*.bin"))
+        if not weights and not model.random_init:
+            raise CompareError(f"--model {model.name}={model.model}: {path} has no weights (model.safetensors); "
+                               "expected a checkpoint, or random:PATH for fresh weights")
+    try:
+        tokenizer = load_tokenizer(model.path)
+    except (OSError, ValueError) as err:
+        raise CompareError(f"--model {model.name}={model.model}: {err}") from None
+    tokens = sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])
+    return len(tokens), hashlib.sha256("\n".join(t for t, _ in tokens).encode()).hexdigest()
+
+
+def parse_tasks(values: list[str], data_dirs: list[str] | None, metrics: list[str] | None) -> dict[str, Task]:
+    """TASK[@LABELS] values as Tasks, each with its data folder (`data_dir_for`) and metric."""
+    chosen: dict[str, str] = {}
+    for value in metrics or []:
+        task, sep, name = value.partition("=")
+        if not sep or not name:
+            raise CompareError(f"--metric {value}: expected TASK=METRIC (e.g. mrpc=accuracy)")
+        chosen[task] = name
+    tasks: dict[str, Task] = {}
+    for value in values:
+        name, sep, count = value.partition("@")
+        if value in tasks:
+            raise CompareError(f"--task {value}: given twice")
+        labels = None
+        if sep:
+            if not count.isdigit() or int(count) < 1:
+                raise CompareError(f"--task {value}: expected TASK@N with N a positive number of training examples")
+            labels = int(count)
+        try:
+            card = load_card(name)
+        except CardError as err:
+            raise CompareError(f"--task {value}: {err}") from None
+        metric = chosen.get(value, chosen.get(name, card.select))
+        tasks[value] = Task(value, card, labels, metric, data_dir_for(card, data_dirs))
+    unknown = sorted(set(chosen) - set(tasks) - {t.card.name for t in tasks.values()})
+    if unknown:
+        raise CompareError(f"--metric {unknown[0]}=...: not one of the --task values ({', '.join(tasks)})")
+    return tasks
+
+
+def data_dir_for(card: TaskCard, values: list[str] | None) -> str | None:
+    """The task's folder among --data_dir values: TASK=DIR for this task, else the first DIR that holds the
+    card's data folder (DIR/RTE in a GLUE root) or the card's train file itself. None (the Hub) when no
+    --data_dir is given."""
+    if not values:
+        return None
+    plain = []
+    for value in values:
+        task, sep, folder = value.partition("=")
+        if sep and task in (card.name, Path(card.path).stem):
+            return folder
+        if not sep:
+            plain.append(value)
+    train_file = card.splits[card.train_split].file if card.train_split else None
+    for folder in map(Path, plain):
+        if card.data_folder and (folder / card.data_folder).is_dir():
+            return str(folder / card.data_folder)
+        if train_file and (folder / train_file).is_file():
+            return str(folder)
+    raise CompareError(f"--data_dir {' '.join(values)}: no folder for task {card.name}; expected DIR/"
+                       f"{card.data_folder or '<task folder>'} or DIR/{train_file} among them, or {card.name}=DIR")
+
+
+def check_label_counts(tasks: dict[str, Task]) -> None:
+    """Every @LABELS fits the task's train split (read as the grid reads it)."""
+    for task in tasks.values():
+        if task.labels is None:
+            continue
+        size = len(adapter_for(task.card).load_split(task.card, task.card.train_split, task.data_dir))
+        if task.labels > size:
+            raise CompareError(f"--task {task.key}: {task.labels:,} labels is above {task.card.name}'s train size "
+                               f"({size:,} examples); expected at most {size:,}")
+
+
+def check_seeds(seeds: list[int]) -> None:
+    if len(seeds) < 2:
+        raise CompareError(f"--seeds {' '.join(map(str, seeds))}: a standard error needs at least two seeds; "
+                           "expected e.g. --seeds 1 2 3 4 5")
+    if len(set(seeds)) != len(seeds):
+        raise CompareError(f"--seeds {' '.join(map(str, seeds))}: a seed is repeated")
+
+
+# ------------------------------------------------------------------------------------------------ the run
+
+
+def grid_folder(output_dir: Path, task: Task, model: Model) -> Path:
+    return output_dir / task.key / model.name
+
+
+def study_for(task: Task, model: Model, space: dict) -> str:
+    """One study per (task, model, grid): the models share the grid, so the study name (which the grid derives
+    from the grid alone) must also name the model, or the second model would find the first's trials done."""
+    key = {"model": model.model, "grid": grid_key(task.card, space, {"train": task.labels})}
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:10]
+    return f"compare-{task.card.name}-{model.name}-{digest}"
+
+
+def run_compare(models: dict[str, Model], tasks: dict[str, Task], baseline: str, seeds: list[int],
+                spaces: dict[str, dict], output_dir: str | Path, storage: str | None = None, max_seq_length: int | None = None,
+                max_eval_samples: int | None = None, overrides: dict | None = None, precision=None,
+                heartbeat_interval: int = 30, grace_period: int = 120, log=print) -> dict:
+    """Run (or resume) every task x model grid (`spaces`: each task's grid, the same for every model; its seed
+    axis is `seeds`), then write compare.json, compare.md and compare.png. Returns compare.json's content."""
+    out = Path(output_dir)
+    total, done = len(tasks) * len(models), 0
+    found: dict[str, dict[str, dict]] = {}
+    for task in tasks.values():
+        found[task.key], space = {}, spaces[task.key]
+        for model in models.values():
+            done += 1
+            log(f"[compare] {done}/{total}: {task.key} with {model.name} ({model.model})")
+            result = run_grid(task.card, model.model, str(grid_folder(out, task, model)), task.data_dir,
+                              max_seq_length=max_seq_length, space=space, storage=storage,
+                              overrides=dict(overrides or {}), max_samples={"train": task.labels,
+                                                                            "eval": max_eval_samples},
+                              heartbeat_interval=heartbeat_interval, grace_period=grace_period,
+                              name=study_for(task, model, space), precision=precision)
+            column = f"eval_{task.metric}"
+            complete = [r for r in result["records"] if r["state"] == "complete"]
+            if complete and column not in complete[0]["metrics"]:
+                known = sorted(k.removeprefix("eval_") for k in complete[0]["metrics"] if k.startswith("eval_"))
+                raise CompareError(f"--metric {task.card.name}={task.metric}: the task reports no {task.metric}; "
+                                   f"expected one of {', '.join(known)}")
+            found[task.key][model.name] = seed_scores(result["records"], column)
+    result = build_result(baseline, seeds, models, tasks, found)
+    vocabularies = {name: vocabulary_of(m) for name, m in models.items()}
+    grids = {describe_grid(space) for space in spaces.values()}
+    write_outputs(out, result, "; ".join(f"{key}: {describe_grid(spaces[key])}" for key in tasks)
+                  if len(grids) > 1 else grids.pop(), vocabularies)
+    return result
+
+
+def _setting(setting: tuple) -> dict:
+    return dict(zip(SETTING_NAMES, setting, strict=True))
+
+
+def build_result(baseline: str, seeds: list[int], models: dict[str, Model], tasks: dict[str, Task],
+                 found: dict[str, dict[str, dict]]) -> dict:
+    """compare.json from each task's and model's grid scores ({task: {model: {setting: {seed: fraction}}}})."""
+    result = {"baseline": baseline, "seeds": list(seeds),
+              "models": {m.name: {"path": m.path, "random_init": m.random_init, "bilstm": m.bilstm}
+                         for m in models.values()},
+              "tasks": {}}
+    for task in tasks.values():
+        entry = {"metric": task.metric, "labels": task.labels, "models": {}, "vs_baseline": {}}
+        for name in models:
+            scores = found[task.key][name]
+            chosen = choose_setting(scores, seeds)
+            if chosen is None:
+                raise CompareError(f"{task.key}, {name}: no grid setting has a score for every seed "
+                                   f"{' '.join(map(str, seeds))} (failed trials? see its grid_results.md)")
+            per_seed = [100 * scores[chosen][s] for s in seeds]
+            mean, se = mean_se(per_seed)
+            entry["models"][name] = {"setting": _setting(chosen), "scores": per_seed, "mean": mean, "se": se}
+        for name in models:
+            if name != baseline:
+                entry["vs_baseline"][name] = paired_comparison(entry["models"][name]["scores"],
+                                                               entry["models"][baseline]["scores"])
+        result["tasks"][task.key] = entry
+    return result
+
+
+# ------------------------------------------------------------------------------------------------ outputs
+
+
+def describe_grid(space: dict) -> str:
+    return ", ".join(f"{axis} {' '.join(format(v, 'g') for v in values)}" for axis, values in space.items())
+
+
+def _cell(entry: dict, name: str, baseline: str) -> str:
+    model = entry["models"][name]
+    text = f"{model['mean']:.1f} ± {model['se']:.1f}"
+    if name != baseline:
+        d = entry["vs_baseline"][name]
+        text += f" ({d['difference']:+.1f} ± {d['se']:.1f}, {d['verdict']})"
+    return text
+
+
+def markdown_table(result: dict) -> list[str]:
+    """Models as rows and tasks as columns: mean ± SE and, beside it, the paired difference from the baseline
+    ± its SE with the verdict: the shape of the paper's Table 5."""
+    baseline = result["baseline"]
+    header = ["model", *(f"{key} ({entry['metric']})" for key, entry in result["tasks"].items())]
+    rows = [[name + (" (baseline)" if name == baseline else ""),
+             *(_cell(entry, name, baseline) for entry in result["tasks"].values())] for name in result["models"]]
+    return md_table(header, rows)
+
+
+def markdown(result: dict, grid: str = "", vocabularies: dict | None = None) -> str:
+    seeds = result["seeds"]
+    lines = ["# Comparison", "", *markdown_table(result), "",
+             f"Mean ± standard error over seeds {', '.join(map(str, seeds))} (scores 0-100); in brackets the mean "
+             f"per-seed difference from {result['baseline']} ± its standard error, and the verdict: ahead or "
+             "behind beyond 2 standard errors, else level. Every model ran the same grid with the same seeds (so "
+             "the same data order and label subset per seed); each model's setting is the one with the best mean "
+             "dev score over the seeds.", ""]
+    if grid:
+        lines += [f"Grid: {grid}.", ""]
+    if vocabularies and len({v for v in vocabularies.values()}) > 1:
+        lines += ["**The models do not share one vocabulary**, so their inputs differ as well as their weights: " +
+                  "; ".join(f"{name}: {size:,} tokens ({digest[:8]})" for name, (size, digest) in vocabularies.items())
+                  + ".", ""]
+    lines += ["## Per task", ""]
+    for key, entry in result["tasks"].items():
+        labels = f", first {entry['labels']:,} training examples" if entry["labels"] else ""
+        rows = []
+        for name, model in entry["models"].items():
+            setting = model["setting"]
+            versus = entry["vs_baseline"].get(name)
+            rows.append([name, f"lr {setting['learning_rate']:g}, batch {setting['batch_size']}, "
+                         f"epochs {setting['epochs']:g}", ", ".join(f"{v:.2f}" for v in model["scores"]),
+                         f"{model['mean']:.2f} ± {model['se']:.2f}",
+                         "" if versus is None else f"{versus['difference']:+.2f} ± {versus['se']:.2f} "
+                         f"[{versus['ci95'][0]:+.2f}, {versus['ci95'][1]:+.2f}] {versus['verdict']}"])
+        lines += [f"### {key} ({entry['metric']}{labels})", "",
+                  *md_table(["model", "setting", "per-seed scores", "mean ± SE",
+                             f"vs {result['baseline']} ± SE [95% interval]"], rows), ""]
+    return "\n".join(lines)
+
+
+def plot(result: dict, path: Path) -> Path:
+    """Grouped bars: a group per task, a bar per model, mean ± SE."""
+    from matplotlib.figure import Figure
+
+    tasks, models = list(result["tasks"]), list(result["models"])
+    fig = Figure(figsize=(1.6 + 1.3 * len(tasks) * max(1, len(models)) / 3, 4), layout="constrained")
+    ax = fig.add_subplot()
+    width = 0.8 / len(models)
+    for i, name in enumerate(models):
+        means = [result["tasks"][t]["models"][name]["mean"] for t in tasks]
+        errors = [result["tasks"][t]["models"][name]["se"] or 0 for t in tasks]
+        ax.bar([k + (i - (len(models) - 1) / 2) * width for k in range(len(tasks))], means, width, yerr=errors,
+               capsize=2, label=name)
+    ax.set_xticks(range(len(tasks)), labels=[f"{t}\n({result['tasks'][t]['metric']})" for t in tasks])
+    ax.set(ylabel="dev score (0-100)", title=f"mean ± SE over {len(result['seeds'])} seeds")
+    ax.legend(fontsize=8, ncols=min(len(models), 5), loc="upper center", bbox_to_anchor=(0.5, -0.15))
+    return save_figure(fig, path)
+
+
+def write_outputs(out: Path, result: dict, grid: str = "", vocabularies: dict | None = None) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out / "compare.json", json.dumps(result, indent=2) + "\n")
+    atomic_write_text(out / "compare.md", markdown(result, grid, vocabularies))
+    try:
+        plot(result, out / "compare.png")
+    except ImportError:  # matplotlib is a dependency; a broken install still gets the table
+        pass
