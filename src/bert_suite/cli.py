@@ -300,8 +300,8 @@ def _grid(args: argparse.Namespace, rest: list[str]) -> None:
 def _compare(args: argparse.Namespace, rest: list[str]) -> None:
     from .compare import (
         CompareError,
-        check_label_counts,
         check_seeds,
+        check_tasks,
         parse_models,
         parse_tasks,
         run_compare,
@@ -323,7 +323,7 @@ def _compare(args: argparse.Namespace, rest: list[str]) -> None:
     for model in models.values():
         vocabulary_of(model)  # a PATH that is not a checkpoint fails here
     _needs_hub(*(m.path for m in models.values()), *(t.data_dir for t in tasks.values()))
-    check_label_counts(tasks)
+    check_tasks(tasks, next(iter(models.values())), args.max_seq_length)
     spaces = {key: search_space(task.card, args.grid, learning_rate=args.learning_rates,
                                 per_device_train_batch_size=args.batch_sizes, num_train_epochs=args.epochs,
                                 seed=args.seeds) for key, task in tasks.items()}

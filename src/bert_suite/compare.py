@@ -24,6 +24,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+import datasets
+
 from .cards import CardError, TaskCard, load_card
 from .grid import grid_key, run_grid
 from .io import atomic_write_text, save_figure
@@ -153,15 +155,29 @@ def data_dir_for(card: TaskCard, values: list[str] | None) -> str | None:
                        f"{card.data_folder or '<task folder>'} or DIR/{train_file} among them, or {card.name}=DIR")
 
 
-def check_label_counts(tasks: dict[str, Task]) -> None:
-    """Every @LABELS fits the task's train split (read as the grid reads it)."""
+def check_tasks(tasks: dict[str, Task], model: Model, max_seq_length: int | None = None) -> None:
+    """Before any grid runs: every task's train split reads (as the grid reads it), every @LABELS fits it, and its
+    first examples encode at the run's length with `model`'s tokenizer (a length a task cannot use, such as a
+    SQuAD window shorter than its questions, would otherwise stop the comparison after hours of other grids)."""
+    from .tokenization import check_max_seq_length, load_tokenizer
+
+    tokenizer = load_tokenizer(model.path)
     for task in tasks.values():
-        if task.labels is None:
-            continue
-        size = len(adapter_for(task.card).load_split(task.card, task.card.train_split, task.data_dir))
-        if task.labels > size:
+        adapter = adapter_for(task.card)
+        train = adapter.load_split(task.card, task.card.train_split, task.data_dir)
+        if task.labels is not None and task.labels > len(train):
             raise CompareError(f"--task {task.key}: {task.labels:,} labels is above {task.card.name}'s train size "
-                               f"({size:,} examples); expected at most {size:,}")
+                               f"({len(train):,} examples); expected at most {len(train):,}")
+        length = check_max_seq_length(int(max_seq_length or task.card.defaults.get("max_seq_length", 128)))
+        shown = datasets.is_progress_bar_enabled()
+        datasets.disable_progress_bars()  # two examples: no bar
+        try:
+            adapter.preprocess(train.select(range(min(2, len(train)))), task.card, tokenizer, length, train=True)
+        except ValueError as err:
+            raise CompareError(f"--task {task.key}: {err}") from None
+        finally:
+            if shown:
+                datasets.enable_progress_bars()
 
 
 def check_seeds(seeds: list[int]) -> None:

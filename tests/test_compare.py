@@ -1,0 +1,196 @@
+"""`bert-suite compare`: two tiny models (one pre-trained here on a test corpus, one its random twin) on two tasks
+(a GLUE-like pair task and SQuAD-small) with two seeds: the files' shapes, the paired statistics against numbers
+computed by hand and from the grids' own results, a kill mid-grid resumed to the same compare.json, and one
+clear error per bad input with nothing written."""
+
+import csv
+import json
+import os
+import random
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from bert_suite import faults
+from bert_suite.cards import load_card
+from bert_suite.cli import main as cli_main
+from bert_suite.compare import Model, Task, build_result, markdown
+from bert_suite.pretraining.instances import build_pretraining_dataset
+from bert_suite.report import paired_comparison
+from bert_suite.runner import ModelSpec, RunError, load_model
+from helpers import REPO, WORDS, fresh_state, load_recipe, recipe_args, write_rte_like
+from test_squad_e2e import VOCAB as SQUAD_VOCAB
+from test_squad_e2e import write_squad_like
+
+SEEDS = ["1", "2"]
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    """data/RTE (pair task), data/squad_small (span task), a vocabulary with both tasks' words, and a tiny model
+    pre-trained for a few steps on a corpus of those words."""
+    tmp = tmp_path_factory.mktemp("compare")
+    write_rte_like(tmp / "data" / "RTE", n_train=64, n_dev=32)
+    write_squad_like(tmp / "data" / "squad_small", version_2=False, n_train=64, n_dev=24)
+    words = list(dict.fromkeys([*SQUAD_VOCAB[5:], *WORDS, "."]))
+    (tmp / "vocab.txt").write_text("\n".join([*SQUAD_VOCAB[:5], *words]) + "\n")
+    rng = random.Random(0)
+    docs = ["\n".join(" ".join(rng.choice(words) for _ in range(rng.randint(4, 9))) for _ in range(5)) for _ in range(40)]
+    (tmp / "corpus.txt").write_text("\n\n".join(docs) + "\n")
+    for length in (32, 64):
+        build_pretraining_dataset([str(tmp / "corpus.txt")], str(tmp / "vocab.txt"), str(tmp / f"data{length}"),
+                                  max_seq_length=length, dupe_factor=2, fmt="lines")
+    fresh_state()
+    load_recipe().main(recipe_args(tmp, tmp / "pretrain", "max_steps=12", "save_steps=1000"))
+    return tmp
+
+
+def compare_args(setup, out, *extra):
+    model = str(setup / "pretrain" / "final")
+    return ["compare", "--model", f"pre={model}", "--model", f"random=random:{model}", "--baseline", "random",
+            "--task", "rte", "squad_small@48", "--data_dir", str(setup / "data"), "--seeds", *SEEDS,
+            "--learning_rates", "1e-3", "--batch_sizes", "16", "--epochs", "1", "--max_seq_length", "72",
+            "--output_dir", str(out), "--disable_tqdm", "true", *extra]
+
+
+@pytest.fixture(scope="module")
+def compared(setup):
+    out = setup / "out"
+    assert cli_main(compare_args(setup, out)) == 0
+    return out
+
+
+def test_compare_json_has_the_issues_shape_and_the_table_and_plot_are_written(setup, compared):
+    result = json.loads((compared / "compare.json").read_text())
+    assert list(result) == ["baseline", "seeds", "models", "tasks"]
+    assert result["baseline"] == "random" and result["seeds"] == [1, 2]
+    model = str(setup / "pretrain" / "final")
+    assert result["models"] == {"pre": {"path": model, "random_init": False, "bilstm": False},
+                                "random": {"path": model, "random_init": True, "bilstm": False}}
+    assert list(result["tasks"]) == ["rte", "squad_small@48"]
+    assert (result["tasks"]["rte"]["metric"], result["tasks"]["rte"]["labels"]) == ("accuracy", None)
+    assert (result["tasks"]["squad_small@48"]["metric"], result["tasks"]["squad_small@48"]["labels"]) == ("f1", 48)
+    for entry in result["tasks"].values():
+        assert list(entry) == ["metric", "labels", "models", "vs_baseline"]
+        for scores in entry["models"].values():
+            assert list(scores) == ["setting", "scores", "mean", "se"]
+            assert scores["setting"] == {"learning_rate": 1e-3, "batch_size": 16, "epochs": 1.0}
+            assert len(scores["scores"]) == 2 and all(0 <= s <= 100 for s in scores["scores"])
+        assert list(entry["vs_baseline"]) == ["pre"]
+        versus = entry["vs_baseline"]["pre"]
+        assert list(versus) == ["difference", "se", "ci95", "verdict"] and versus["verdict"] in ("ahead", "behind", "level")
+    table = (compared / "compare.md").read_text().splitlines()
+    assert table[2] == "| model | rte (accuracy) | squad_small@48 (f1) |"
+    assert table[4].startswith("| pre | ") and "(baseline)" in table[5]
+    assert (compared / "compare.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # the label subset: the squad grids trained on the first 48 questions
+    manifest = json.loads((compared / "squad_small@48" / "pre" / "run_manifest.json").read_text())
+    assert manifest["max_samples"]["train"] == 48
+
+
+def test_the_statistics_are_those_of_the_grids_own_results(compared):
+    """Per-seed scores at the chosen setting (x100), their mean and SE, and the paired difference recomputed
+    from each grid's grid_results.csv."""
+    result = json.loads((compared / "compare.json").read_text())
+    for task, column in (("rte", "eval_accuracy"), ("squad_small@48", "eval_f1")):
+        per_model = {}
+        for name in ("pre", "random"):
+            with open(compared / task / name / "grid_results.csv", newline="") as f:
+                rows = {int(r["seed"]): 100 * float(r[column]) for r in csv.DictReader(f)}
+            per_model[name] = [rows[1], rows[2]]
+            entry = result["tasks"][task]["models"][name]
+            assert entry["scores"] == pytest.approx(per_model[name])
+            assert entry["mean"] == pytest.approx(sum(per_model[name]) / 2)
+            assert entry["se"] == pytest.approx(abs(per_model[name][0] - per_model[name][1]) / 2)  # sd/sqrt(2)
+        diffs = [a - b for a, b in zip(per_model["pre"], per_model["random"], strict=True)]
+        versus = result["tasks"][task]["vs_baseline"]["pre"]
+        half = 12.706204736174698 * abs(diffs[0] - diffs[1]) / 2  # t(0.975, 1 degree of freedom) x SE
+        assert versus["difference"] == pytest.approx(sum(diffs) / 2)
+        assert versus["ci95"] == pytest.approx([sum(diffs) / 2 - half, sum(diffs) / 2 + half])
+
+
+def test_a_kill_mid_grid_resumes_to_the_same_compare_json(setup, compared, tmp_path):
+    out = tmp_path / "killed"
+    env = {**os.environ, faults.ENV: "grid.trial_told:3", "HF_HUB_OFFLINE": "1"}
+    killed = subprocess.run([sys.executable, "-m", "bert_suite.cli", *compare_args(setup, out)], env=env, cwd=REPO,
+                            capture_output=True, text=True, timeout=600)
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    assert not (out / "compare.json").exists() and (out / "rte" / "random").is_dir()  # died in the second grid
+    assert cli_main(compare_args(setup, out)) == 0
+    assert json.loads((out / "compare.json").read_text()) == json.loads((compared / "compare.json").read_text())
+
+
+def test_hand_computed_paired_statistics_and_the_setting_chosen_by_its_mean():
+    # differences 5, 2, 6 -> mean 4.3333, sd 2.0817, SE 1.2019; t(0.975, 2) = 4.30265 -> half-width 5.17119
+    d = paired_comparison([75.0, 74.0, 80.0], [70.0, 72.0, 74.0])
+    assert d["difference"] == pytest.approx(13 / 3) and d["se"] == pytest.approx(1.20185, abs=1e-5)
+    assert d["ci95"] == pytest.approx([13 / 3 - 5.17119, 13 / 3 + 5.17119], abs=1e-4) and d["verdict"] == "ahead"
+    assert paired_comparison([70.0, 72.0, 74.0], [75.0, 74.0, 80.0])["verdict"] == "behind"
+    assert paired_comparison([70.0, 80.0], [75.0, 74.0])["verdict"] == "level"  # +0.5, SE 5.5
+    card = type("Card", (), {"name": "t"})()
+    tasks = {"t": Task("t", card, None, "accuracy", None)}
+    models = {n: Model(n, f"/m/{n}", f"/m/{n}", False, False) for n in ("a", "b")}
+    # a: (1e-4) has the best single trial (0.9) but mean 0.6; (3e-4) mean 0.7 wins; b: one setting
+    found = {"t": {"a": {(1e-4, 32, 3.0): {1: 0.9, 2: 0.3}, (3e-4, 32, 3.0): {1: 0.7, 2: 0.7}},
+                   "b": {(1e-4, 32, 3.0): {1: 0.5, 2: 0.6}}}}
+    result = build_result("b", [1, 2], models, tasks, found)
+    entry = result["tasks"]["t"]["models"]["a"]
+    assert entry["setting"] == {"learning_rate": 3e-4, "batch_size": 32, "epochs": 3.0}
+    assert entry["scores"] == pytest.approx([70.0, 70.0]) and entry["se"] == 0.0
+    assert result["tasks"]["t"]["vs_baseline"]["a"]["difference"] == pytest.approx(15.0)
+    text = markdown(result, vocabularies={"a": (100, "x" * 64), "b": (200, "y" * 64)})
+    assert "do not share one vocabulary" in text and "a: 100 tokens" in text
+
+
+def test_random_and_bilstm_prefixes_load_what_they_name(setup):
+    model = str(setup / "pretrain" / "final")
+    card = load_card("rte")
+    torch.manual_seed(0)
+    trained, twin = load_model(card, model, 32), load_model(card, f"random:{model}", 32)
+    assert trained.config.vocab_size == twin.config.vocab_size and not twin.config.bilstm
+    embeddings = "bert.embeddings.word_embeddings.weight"
+    assert not torch.equal(trained.state_dict()[embeddings], twin.state_dict()[embeddings])
+    both = load_model(card, f"bilstm:random:{model}", 32)
+    assert both.config.bilstm and both.bert.bilstm is not None
+    assert ModelSpec.parse(f"random:bilstm:{model}") == ModelSpec(model, random=True, bilstm=True)
+    with pytest.raises(RunError, match="a preset is random weights already"):
+        ModelSpec.parse("random:preset:tiny")
+
+
+@pytest.mark.parametrize("case, message", [
+    ("one-model", r"--model: 1 model given; a comparison needs at least two"),
+    ("duplicate", r"--model pre=.*: the name pre is given twice"),
+    ("not-a-checkpoint", r"--model other=.*: .* is not a checkpoint \(no config.json\)"),
+    ("labels-above-train", r"--task rte@500: 500 labels is above rte's train size \(64 examples\)"),
+    ("one-seed", r"--seeds 1: a standard error needs at least two seeds"),
+    ("baseline", r"--baseline nobody: not one of the models \(pre, random\)"),
+    ("too-short-for-squad", r"--task squad_small@48: max_seq_length 32 leaves no room for the context"),
+])
+def test_bad_input_is_one_clear_error_and_nothing_is_written(setup, tmp_path, capsys, case, message):
+    out = tmp_path / "out"
+    args = compare_args(setup, out)
+    model = str(setup / "pretrain" / "final")
+    if case == "one-model":
+        args = [a for a in args if a not in ("--model", f"random=random:{model}")]
+        args[1:1] = ["--model"]
+    elif case == "duplicate":
+        args += ["--model", f"pre={model}"]
+    elif case == "not-a-checkpoint":
+        (tmp_path / "empty").mkdir()
+        args += ["--model", f"other={tmp_path / 'empty'}"]
+    elif case == "labels-above-train":
+        args[args.index("rte")] = "rte@500"
+    elif case == "one-seed":
+        args[args.index("--seeds") + 1: args.index("--seeds") + 3] = ["1"]
+    elif case == "baseline":
+        args[args.index("--baseline") + 1] = "nobody"
+    elif case == "too-short-for-squad":  # found before the rte grids run, not after
+        args[args.index("--max_seq_length") + 1] = "32"
+    assert cli_main(args) == 2
+    err = capsys.readouterr().err
+    assert "bert-suite compare: error: " in err and len(err.strip().splitlines()) == 1, err
+    assert re.search(message, err), err
+    assert not out.exists()
