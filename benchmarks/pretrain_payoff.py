@@ -22,7 +22,8 @@ settings, and a stage made with other settings is refused rather than reused:
   OUT/data128, data512  pretrain-data instances (the second: only with --phase2, at --phase2_length)
   OUT/calibration       a short run that measures seconds per step (only with --pretrain_minutes)
   OUT/pretrain          `accelerate launch recipes/pretrain.py` (final/, metrics.jsonl)
-  OUT/ft/MODEL/TASK     `bert-suite grid` per model and task (grid_results.csv); TASK-N for the curve
+  OUT/compare          `bert-suite compare` of the pre-trained model and its random twin (random:PATH): a grid per
+                       task and model in OUT/compare/TASK[@N]/MODEL, the curve's label counts as TASK@N
   OUT/payoff.json, OUT/summary.md; --results_dir/NAME.json, NAME_curve.png, NAME_plateau.png
 With --tapt also OUT/tapt/ (the tasks' train texts via `bert-suite corpus --from_task`, continued
 pre-training from OUT/pretrain/final, its grids) and OUT/payoff_tapt.json, OUT/summary_tapt.md.
@@ -43,7 +44,7 @@ import sys
 import time
 from pathlib import Path
 
-from bert_suite.report import choose_setting, paired_difference
+from bert_suite.report import choose_setting, mean_se, paired_comparison  # noqa: F401 (choose_setting: tests)
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_DATA = ROOT.parent / "shared" / "data"
@@ -58,6 +59,7 @@ PRETRAINING_KEYS = {"device": str, "minutes": float, "model_size": str, "vocab_s
                     "tokens": int, "corpus": str, "held_out_mlm_perplexity": float, "held_out_nsp_accuracy": float,
                     "held_out_mlm_accuracy": float, "frequent_token_accuracy": float, "precision": str,
                     "decontamination": dict}
+OPTIONAL_PRETRAINING_KEYS = ("not_next_share",)  # a share in [0, 1], in every record since issue 36; issue 27's predates it
 DECONTAMINATION_KEYS = ("ngram", "sentences", "sentences_removed")
 RECORD_KEYS = ("command", "pretraining", "grid", "tasks", "curve")
 # The shared corpora pre-trained on (under --data), beside the measured tasks' train texts.
@@ -90,51 +92,37 @@ def read_grid_scores(path: str | Path, column: str) -> dict[tuple, dict[int, flo
     return scores
 
 
-def mean_se(values: list[float]) -> tuple[float, float | None]:
-    """Mean and standard error (sample std / sqrt(n)); the error is None for a single value."""
-    mean = statistics.fmean(values)
-    return mean, (statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else None)
-
-
 def difference(ahead: list[float], behind: list[float]) -> dict:
-    """The mean paired difference ahead - behind (both lists in seed order: the same seeds, data order and
-    label subset), its standard error (the per-seed differences' sample std / sqrt(n)), and whether it
-    exceeds two standard errors. One seed: no standard error."""
+    """The record's paired difference ahead - behind (both lists in seed order: the same seeds, data order and
+    label subset), from report.paired_comparison: its standard error and whether it exceeds two of them. One
+    seed: no standard error."""
     if len(ahead) != len(behind):
         raise ValueError(f"paired scores need one per seed on both sides: got {len(ahead)} and {len(behind)}")
     if len(ahead) < 2:
         return {"difference": ahead[0] - behind[0], "difference_se": None, "beyond_2se": False}
-    diff, se = paired_difference(ahead, behind)
-    return {"difference": diff, "difference_se": se, "beyond_2se": diff > 2 * se}
+    d = paired_comparison(ahead, behind)
+    return {"difference": d["difference"], "difference_se": d["se"], "beyond_2se": d["verdict"] == "ahead"}
 
 
-def _setting(setting: tuple) -> dict:
-    return dict(zip(("learning_rate", "batch_size", "epochs"), setting, strict=True))
-
-
-def task_entry(task: str, grids: dict[str, dict], seeds: list[int], beside: dict[str, dict] | None = None) -> dict:
-    """One task's record entry from each model's grid scores ({model: {setting: {seed: score}}}, with
-    "pretrained" and "random" among the models): the per-seed scores at each model's own chosen setting,
-    mean and standard error, and pretrained - random (and pretrained - general, when "general" is there).
-    `beside` (MRPC's F1) is reported at the same chosen settings."""
+def task_entry(task: str, models: dict[str, dict], seeds: list[int], beside: dict[str, dict] | None = None) -> dict:
+    """One task's record entry from `bert-suite compare`'s entries for it ({model: {"setting", "scores" (0-100,
+    in seed order), ...}}, with "pretrained" and "random" among the models): the per-seed scores as fractions at
+    each model's own chosen setting, mean and standard error, and pretrained - random (and pretrained - general,
+    when "general" is there). `beside` (MRPC's F1: {model: {setting: {seed: score}}}) is reported at the same
+    chosen settings."""
     entry: dict = {"metric": TASKS[task][1], "seeds": list(seeds), "chosen": {}, "mean": {}, "se": {}}
-    for model, scores in grids.items():
-        chosen = choose_setting(scores, seeds)
-        if chosen is None:
-            raise ValueError(f"{task}, {model}: no grid setting has a score for every seed {seeds}")
-        entry[model] = [scores[chosen][s] for s in seeds]
-        entry["chosen"][model] = _setting(chosen)
+    for model, found in models.items():
+        entry[model] = [score / 100 for score in found["scores"]]
+        entry["chosen"][model] = dict(found["setting"])
         entry["mean"][model], entry["se"][model] = mean_se(entry[model])
         if beside:
-            name = BESIDE[task][0]
-            entry.setdefault(name, {})[model] = [beside[model][chosen][s] for s in seeds]
+            setting = tuple(found["setting"][k] for k in ("learning_rate", "batch_size", "epochs"))
+            entry.setdefault(BESIDE[task][0], {})[model] = [beside[model][setting][s] for s in seeds]
     entry.update(difference(entry["pretrained"], entry["random"]))
-    if "general" in grids:
+    if "general" in models:
         entry["vs_general"] = difference(entry["pretrained"], entry["general"])
     return entry
 
-
-# ------------------------------------------------------------------------------------ the record
 
 def check_record(record: dict, name: str = "payoff.json") -> dict:
     """The record has exactly the issue's shape (command, pretraining, grid, tasks, curve): a ValueError names
@@ -202,9 +190,14 @@ def check_pretraining(pre: dict, bad) -> dict:
         if not ok:
             bad(f"pretraining.{key}", f"expected {'a finite number' if kind is float else kind.__name__}, "
                 f"got {value!r}")
-    extra = sorted(set(pre) - set(PRETRAINING_KEYS))
+    for key in OPTIONAL_PRETRAINING_KEYS:
+        value = pre.get(key, 0.5)
+        if not (isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value <= 1):
+            bad(f"pretraining.{key}", f"expected a share between 0 and 1, got {value!r}")
+    extra = sorted(set(pre) - set(PRETRAINING_KEYS) - set(OPTIONAL_PRETRAINING_KEYS))
     if extra:
-        bad(f"pretraining.{extra[0]}", f"unexpected key; expected only {', '.join(PRETRAINING_KEYS)}")
+        bad(f"pretraining.{extra[0]}", f"unexpected key; expected only {', '.join(PRETRAINING_KEYS)} "
+            f"(and {', '.join(OPTIONAL_PRETRAINING_KEYS)})")
     decontamination = pre["decontamination"]
     if sorted(decontamination) != sorted(DECONTAMINATION_KEYS):
         bad("pretraining.decontamination", f"expected exactly the keys {', '.join(DECONTAMINATION_KEYS)}, got "
@@ -350,6 +343,26 @@ def run(cmd: list[str], log: Path, what: str) -> float:
     return time.time() - started
 
 
+def pretraining_data(args, out: Path, corpus: list[Path], vocab: Path, balance_nsp: bool = False) -> dict[int, Path]:
+    """OUT/dataLENGTH: `bert-suite pretrain-data` instances at --max_seq_length (--dupe_factor passes) and, with
+    --phase2, at --phase2_length (one pass); `balance_nsp` passes --balance_nsp. Returns {length: folder}."""
+    data = {args.max_seq_length: out / f"data{args.max_seq_length}"}
+    if args.phase2:
+        data[args.phase2_length] = out / f"data{args.phase2_length}"
+    for length, folder in data.items():
+        dupe_factor = args.dupe_factor if length == args.max_seq_length else 1
+        settings = {"input": corpus, "tokenizer": vocab, "max_seq_length": length, "dupe_factor": dupe_factor}
+        if balance_nsp:  # only when set: the stage records of earlier runs stay valid
+            settings["balance_nsp"] = True
+        check_stage(out, folder.name, settings, (folder / "pretrain_data_stats.json").is_file())
+        if not (folder / "pretrain_data_stats.json").is_file():
+            run([BIN / "bert-suite", "pretrain-data", "--input", *corpus, "--format", "lines", "--tokenizer", vocab,
+                 "--max_seq_length", length, "--dupe_factor", dupe_factor, "--num_proc", 2, "--output_dir", folder,
+                 *(["--balance_nsp"] if balance_nsp else [])],
+                out / "logs" / f"data{length}.log", f"pre-training data ({length})")
+    return data
+
+
 def check_stage(out: Path, name: str, wanted: dict, started: bool) -> None:
     """A stage reruns only with the inputs it was made from: OUT/stages/NAME.json records them before the
     stage runs; a stage already started (or finished) from other inputs, or with no record of them, is
@@ -376,10 +389,12 @@ def default_corpus(data_root: Path) -> list[str]:
     return files
 
 
-def clean_corpus(args, out: Path, sources: list[str], tasks: list[str]) -> tuple[list[Path], dict]:
+def clean_corpus(args, out: Path, sources: list[str], tasks: list[str], also_against: tuple = ()
+                 ) -> tuple[list[Path], dict]:
     """OUT/corpus: `sources` plus the train texts of `tasks` (`bert-suite corpus --from_task`; never their dev or
-    test text), with every sentence sharing an --ngram-word sequence with those tasks' dev and test files removed
-    (`bert-suite decontaminate`). Returns the clean files and the record's decontamination counts."""
+    test text), with every sentence sharing an --ngram-word sequence with those tasks' dev and test files (and the
+    evaluation files `also_against`) removed (`bert-suite decontaminate`). Returns the clean files and the
+    record's decontamination counts."""
     corpus = out / "corpus"
     texts = []
     for task in ([] if args.no_task_text else tasks):
@@ -388,19 +403,29 @@ def clean_corpus(args, out: Path, sources: list[str], tasks: list[str]) -> tuple
             run([BIN / "bert-suite", "corpus", "--from_task", task, "--data_dir", glue_folder(args, task),
                  "--output_dir", corpus / "tasks"], corpus / "logs" / "tasks.log", f"train text of {task}")
         texts.append(str(text))
-    clean = corpus / "clean"
-    report_file = clean / "decontamination.json"
+    clean, clean_tasks = corpus / "clean", corpus / "clean_tasks"
     against = [str(f) for task in tasks for f in (glue_folder(args, task) / "dev.tsv",
                                                   glue_folder(args, task) / "test.tsv") if f.is_file()]
-    check_stage(out, "corpus", {"input": [*sources, *texts], "against": against, "ngram": args.ngram},
-                report_file.is_file())
-    if not report_file.is_file():
-        run([BIN / "bert-suite", "decontaminate", "--input", *sources, *texts, "--against", *against,
-             "--ngram", args.ngram, "--output_dir", clean], corpus / "logs" / "decontaminate.log", "decontamination")
-    report = json.loads(report_file.read_text())
-    print(f"[payoff] decontamination: {report['sentences_removed']:,} of {report['sentences']:,} corpus sentences "
-          f"removed ({report['ngram']}-word matches with the dev and test sets of {', '.join(tasks)})")
-    return [clean / Path(f).name for f in (*sources, *texts)], {k: report[k] for k in DECONTAMINATION_KEYS}
+    against += [str(f) for f in also_against]
+    # The task texts are decontaminated on their own, read as `lines`: one document per example (auto-detection
+    # takes a file of one-line documents for raw text, one document, and would run its examples together).
+    parts = [(clean, sources, "auto"), *([(clean_tasks, texts, "lines")] if texts else [])]
+    check_stage(out, "corpus", {"input": [*sources, *texts], "against": against, "ngram": args.ngram,
+                                "task_text_format": "lines"},
+                any((folder / "decontamination.json").is_file() for folder, _, _ in parts))
+    totals = dict.fromkeys(("sentences", "sentences_removed"), 0)
+    for folder, files, fmt in parts:
+        if not (folder / "decontamination.json").is_file():
+            run([BIN / "bert-suite", "decontaminate", "--input", *files, "--against", *against, "--ngram", args.ngram,
+                 "--format", fmt, "--output_dir", folder], corpus / "logs" / "decontaminate.log", "decontamination")
+        report = json.loads((folder / "decontamination.json").read_text())
+        for key in totals:
+            totals[key] += report[key]
+    print(f"[payoff] decontamination: {totals['sentences_removed']:,} of {totals['sentences']:,} corpus sentences "
+          f"removed ({args.ngram}-word matches with {len(against)} dev and test files: "
+          f"{', '.join(Path(a).parent.name + '/' + Path(a).name for a in against)})")
+    return ([clean / Path(f).name for f in sources] + [clean_tasks / Path(f).name for f in texts],
+            {"ngram": args.ngram, **totals})
 
 
 def glue_folder(args, task: str) -> Path:
@@ -558,7 +583,7 @@ def data_stats(folder: Path) -> dict:
     return json.loads((folder / "pretrain_data_stats.json").read_text())
 
 
-def calibrate(args, data, vocab, out: Path) -> tuple[float, float, float]:
+def calibrate(args, data, vocab, out: Path, **replace) -> tuple[float, float, float]:
     """From a short run with the same settings: seconds per optimizer step of the planned run (phases
     weighted by their share), from the tokens per second of the last logged window of each phase (the
     first window holds the start-up); the calibration's own wall seconds; and the start-up and saving
@@ -568,7 +593,7 @@ def calibrate(args, data, vocab, out: Path) -> tuple[float, float, float]:
     overrides = recipe_overrides(args, data, vocab, out / "run", steps, args.learning_rate,
                                  logging_steps=max(1, steps // (4 if args.phase2 else 2)), eval_steps=steps,
                                  save_steps=steps, eval_batches=1, resume_from_checkpoint="null",
-                                 **({"phase1_fraction": 0.5} if args.phase2 else {}))
+                                 **({"phase1_fraction": 0.5} if args.phase2 else {}), **replace)
     check_stage(out.parent, "calibration", {"overrides": overrides}, result_file.is_file())
     if not result_file.is_file():
         seconds = run([BIN / "accelerate", "launch", "--config_file", args.accelerate_config,
@@ -621,37 +646,41 @@ def fine_tuning_checkpoint(final: Path, size: str) -> Path:
     return twin
 
 
-def grid(args, task: str, model: str, out: Path, vocab: Path | None, label: str, samples: int | None = None) -> Path:
-    """Fine-tune one model on one task with the grid (resumable); returns its grid_results.csv. `samples`: the
-    first N training examples (the same N for both models: the same label subset)."""
-    folder, _, _ = TASKS[task]
-    settings = [*(["--tokenizer", vocab] if vocab else []),
-                "--learning_rates", *args.learning_rates, "--batch_sizes", *args.batch_sizes,
-                "--epochs", *args.epochs, "--seeds", *args.seeds, "--max_seq_length", args.ft_max_seq_length]
+def task_spec(args, task: str, samples: int | None = None) -> str:
+    """The task as `bert-suite compare --task` takes it: TASK@N for its first N training examples."""
     samples = samples or args.max_train_samples or (args.sst2_train_samples if task == "sst2" else None)
-    if samples:
-        settings += ["--max_train_samples", samples]
-    marker = out / "payoff_grid.json"
-    wanted = {"model": model, "settings": [str(s) for s in settings]}
-    if marker.is_file() and json.loads(marker.read_text()) == wanted and (out / "grid_results.csv").is_file():
-        return out / "grid_results.csv"
-    run([BIN / "bert-suite", "grid", task, "--model", model, "--data_dir", Path(args.data) / "glue" / folder,
-         "--output_dir", out, *settings, "--disable_tqdm", "true"], out.parent / f"{out.name}.log",
-        f"grid {task}, {label}")
-    marker.write_text(json.dumps(wanted))
-    return out / "grid_results.csv"
+    return f"{task}@{samples}" if samples else task
+
+
+def compare(args, out: Path, models: dict[str, str], specs: list[str], what: str) -> dict:
+    """`bert-suite compare` of `models` ({name: --model value}, "random" the baseline) on the task specs, with the
+    record's grid, seeds and length, in OUT/compare (resumable; a model's grids are reused by every comparison
+    that names it alike). Returns compare.json."""
+    specs = list(dict.fromkeys(specs))
+    tasks = list(dict.fromkeys(spec.split("@")[0] for spec in specs))
+    run([BIN / "bert-suite", "compare", "--model", *(f"{name}={model}" for name, model in models.items()),
+         "--baseline", "random", "--task", *specs, "--data_dir", Path(args.data) / "glue",
+         "--metric", *(f"{t}={TASKS[t][2].removeprefix('eval_')}" for t in tasks),
+         "--learning_rates", *args.learning_rates, "--batch_sizes", *args.batch_sizes, "--epochs", *args.epochs,
+         "--seeds", *args.seeds, "--max_seq_length", args.ft_max_seq_length, "--output_dir", out / "compare",
+         "--disable_tqdm", "true"], out / "logs" / "compare.log", what)
+    return json.loads((out / "compare" / "compare.json").read_text())
 
 
 def pretraining_facts(args, out: Path, data_folders: list[Path], steps_by_phase: list[tuple[int, int]],
                       vocab_size: int, corpus: str, minutes: float, device: str, decontamination: dict) -> dict:
     """The record's "pretraining": tokens = sum over phases of steps x batch x mean instance length (the
     non-padding tokens the model saw); held-out MLM perplexity and accuracy, the frequent-token accuracy on the
-    same positions and NSP accuracy of the last evaluation; the precision the recipe ran in."""
+    same positions and NSP accuracy of the last evaluation; the precision the recipe ran in; the NotNext share
+    of the instances it trained on (phases weighted by their steps)."""
     evals = evaluations(out / "metrics.jsonl")
     if not evals:
         raise SystemExit(f"pretrain_payoff: {out}/metrics.jsonl has no evaluation (eval_mlm_perplexity)")
-    tokens = sum(steps * batch * data_stats(folder)["mean_instance_length"]
-                 for folder, (steps, batch) in zip(data_folders, steps_by_phase, strict=True))
+    stats = [data_stats(folder) for folder in data_folders]
+    tokens = sum(steps * batch * st["mean_instance_length"] for st, (steps, batch) in zip(stats, steps_by_phase,
+                                                                                           strict=True))
+    not_next = sum(steps * st["not_next_share"] for st, (steps, _) in zip(stats, steps_by_phase, strict=True)) / \
+        max(1, sum(steps for steps, _ in steps_by_phase))
     results = json.loads((out / "pretrain_results.json").read_text()) if (out / "pretrain_results.json").is_file() \
         else {}
     return {"device": device, "minutes": round(minutes, 2), "model_size": args.model_size, "vocab_size": vocab_size,
@@ -660,7 +689,8 @@ def pretraining_facts(args, out: Path, data_folders: list[Path], steps_by_phase:
             "held_out_nsp_accuracy": evals[-1].get("eval_nsp_accuracy"),  # None: pre-trained without NSP
             "held_out_mlm_accuracy": evals[-1].get("eval_mlm_accuracy", float("nan")),
             "frequent_token_accuracy": evals[-1].get("eval_frequent_token_accuracy", float("nan")),
-            "precision": results.get("precision", args.mixed_precision), "decontamination": decontamination}
+            "precision": results.get("precision", args.mixed_precision), "decontamination": decontamination,
+            "not_next_share": round(not_next, 4)}
 
 
 def phase_steps(args, steps: int) -> list[tuple[int, int]]:
@@ -676,15 +706,15 @@ def minutes_of(out: Path) -> float:
     return sum(t["seconds"] for t in json.loads(timing.read_text())) / 60 if timing.is_file() else 0.0
 
 
-def collect(args, models: dict[str, Path], seeds: list[int]) -> dict:
-    """Every task's entry from the grids' results files of each model."""
+def collect(args, out: Path, result: dict, names: dict[str, str], specs: dict[str, str]) -> dict:
+    """Every task's record entry from compare.json (`names`: the record's model name for each compared model;
+    `specs`: task -> its compare spec), MRPC's F1 read beside from the grids' results."""
     tasks = {}
-    for task in args.tasks:
-        column = TASKS[task][2]
-        grids = {model: read_grid_scores(csv_path, column) for model, csv_path in models[task].items()}
-        beside = {model: read_grid_scores(csv_path, BESIDE[task][1]) for model, csv_path in models[task].items()} \
-            if task in BESIDE else None
-        tasks[task] = task_entry(task, grids, seeds, beside)
+    for task, spec in specs.items():
+        models = {names[m]: found for m, found in result["tasks"][spec]["models"].items() if m in names}
+        beside = {names[m]: read_grid_scores(out / "compare" / spec / m / "grid_results.csv", BESIDE[task][1])
+                  for m in names} if task in BESIDE else None
+        tasks[task] = task_entry(task, models, result["seeds"], beside)
     return tasks
 
 
@@ -809,18 +839,7 @@ def main(argv=None) -> dict | None:
                  "--output_dir", vocab], out / "logs" / "tokenizer.log", "vocabulary")
     vocab_size = sum(1 for _ in open(vocab / "vocab.txt" if vocab.is_dir() else vocab, encoding="utf-8"))
 
-    # Pre-training data
-    data = {args.max_seq_length: out / f"data{args.max_seq_length}"}
-    if args.phase2:
-        data[args.phase2_length] = out / f"data{args.phase2_length}"
-    for length, folder in data.items():
-        dupe_factor = args.dupe_factor if length == args.max_seq_length else 1
-        check_stage(out, folder.name, {"input": corpus, "tokenizer": vocab, "max_seq_length": length,
-                                       "dupe_factor": dupe_factor}, (folder / "pretrain_data_stats.json").is_file())
-        if not (folder / "pretrain_data_stats.json").is_file():
-            run([BIN / "bert-suite", "pretrain-data", "--input", *corpus, "--format", "lines", "--tokenizer", vocab,
-                 "--max_seq_length", length, "--dupe_factor", dupe_factor, "--num_proc", 2, "--output_dir", folder],
-                out / "logs" / f"data{length}.log", f"pre-training data ({length})")
+    data = pretraining_data(args, out, corpus, vocab)
 
     # Pre-training, with steps from --steps or planned from the budget
     notes = []
@@ -861,14 +880,11 @@ def main(argv=None) -> dict | None:
     # Fine-tuning: the pre-trained checkpoint and its random twin, same grid, seeds and label subsets
     start = fine_tuning_checkpoint(general / "final", args.model_size)
 
-    def both(task, where, samples=None):
-        return {"pretrained": grid(args, task, str(start), out / "ft" / "pretrained" / where, None, "pre-trained",
-                                   samples),
-                "random": grid(args, task, f"preset:{args.model_size}", out / "ft" / "random" / where, vocab,
-                               "random init", samples)}
-
-    grids = {task: both(task, task) for task in args.tasks}
-    curve_grids = {str(n): both(args.curve_task, f"{args.curve_task}-{n}", n) for n in args.label_counts}
+    specs = {task: task_spec(args, task) for task in args.tasks}
+    curve_specs = {str(n): task_spec(args, args.curve_task, n) for n in args.label_counts}
+    names = {"pretrained": "pretrained", "random": "random"}
+    result = compare(args, out, {"pretrained": str(start), "random": f"random:{start}"},
+                     [*specs.values(), *curve_specs.values()], "fine-tuning (bert-suite compare)")
     settings = {"learning_rates": [float(x) for x in args.learning_rates],
                 "batch_sizes": [int(x) for x in args.batch_sizes], "epochs": [float(x) for x in args.epochs],
                 "seeds": args.seeds, "max_seq_length": args.ft_max_seq_length,
@@ -876,10 +892,9 @@ def main(argv=None) -> dict | None:
                                   or "all" for t in args.tasks},
                 "curve_train_samples": {args.curve_task: args.label_counts} if args.label_counts else {},
                 "selection": "per model, the setting with the best mean dev score over the seeds"}
-    curve = {args.curve_task: {n: task_entry(args.curve_task, {m: read_grid_scores(f, TASKS[args.curve_task][2])
-                                                                for m, f in by_model.items()}, args.seeds)
-                               for n, by_model in curve_grids.items()}} if curve_grids else {}
-    record = build_record(command, facts, settings, collect(args, grids, args.seeds), curve)
+    curve = {args.curve_task: {n: task_entry(args.curve_task, result["tasks"][spec]["models"], result["seeds"])
+                               for n, spec in curve_specs.items()}} if curve_specs else {}
+    record = build_record(command, facts, settings, collect(args, out, result, names, specs), curve)
     write_outputs(out, "payoff", record, "Pre-trained vs random initialisation on GLUE", notes)
     (results / f"{args.name}.json").write_text(json.dumps(record, indent=2) + "\n")
     if curve:
@@ -889,15 +904,16 @@ def main(argv=None) -> dict | None:
                                                                if curve else ""))
 
     if args.tapt:
-        record = task_adaptive(args, out, vocab, vocab_size, corpus, corpus_name, general, grids, settings, command,
-                               device, notes, decontamination)
+        record = task_adaptive(args, out, vocab, vocab_size, corpus, corpus_name, general, start, specs, settings,
+                               command, device, notes, decontamination)
     return record
 
 
-def task_adaptive(args, out, vocab, vocab_size, corpus, corpus_name, general, grids, settings, command, device,
-                  notes, decontamination) -> dict:
+def task_adaptive(args, out, vocab, vocab_size, corpus, corpus_name, general, start, specs, settings, command,
+                  device, notes, decontamination) -> dict:
     """Task-adaptive pre-training: the general checkpoint continued on the tasks' train texts (+ the general
-    corpus with --tapt_with_general), fine-tuned with the same protocol; its random twin's grids are reused."""
+    corpus with --tapt_with_general), fine-tuned with the same protocol; the general model's and the random
+    twin's grids are reused (the same names and --model values in the same compare folder)."""
     tapt = out / "tapt"
     texts = []
     for task in args.tasks:
@@ -936,12 +952,12 @@ def task_adaptive(args, out, vocab, vocab_size, corpus, corpus_name, general, gr
     text_name = " + ".join([corpus_name if args.tapt_with_general else "", "train text of " + ", ".join(args.tasks)])
     facts = {**own, "minutes": round(minutes, 2), "steps": base["steps"] + steps, "tokens": base["tokens"] + own["tokens"],
              "corpus": f"{corpus_name}, then {text_name.strip(' +')}"}
-    start = fine_tuning_checkpoint(run_dir / "final", args.model_size)
-    tapt_grids = {task: {"pretrained": grid(args, task, str(start), tapt / "ft" / task, None, "task-adaptive"),
-                         "random": grids[task]["random"], "general": grids[task]["pretrained"]}
-                  for task in args.tasks}
+    adapted = fine_tuning_checkpoint(run_dir / "final", args.model_size)
+    result = compare(args, out, {"tapt": str(adapted), "pretrained": str(start), "random": f"random:{start}"},
+                     list(specs.values()), "task-adaptive fine-tuning (bert-suite compare)")
     command += " --tapt" if " --tapt" not in command else ""
-    record = build_record(command, facts, settings, collect(args, tapt_grids, args.seeds))
+    names = {"tapt": "pretrained", "pretrained": "general", "random": "random"}
+    record = build_record(command, facts, settings, collect(args, out, result, names, specs))
     tapt_notes = [*notes, f"Task-adaptive: {steps} more steps from the general checkpoint on the tasks' train "
                   "texts; its held-out perplexity and NSP accuracy are on that text. 'general only' is the general "
                   "checkpoint's row of payoff.json; in the record, 'pretrained' is the task-adaptive model."]

@@ -88,23 +88,31 @@ def test_standard_errors_against_hand_computed_numbers():
                                                "beyond_2se": False}
 
 
+def compared(grids: dict[str, dict]) -> dict:
+    """`bert-suite compare`'s entries for one task ({model: {"setting", "scores" 0-100, ...}}) from grid scores,
+    as compare.build_result makes them (each model's setting chosen by its mean over the seeds)."""
+    from bert_suite.compare import Model, Task, build_result
+
+    models = {name: Model(name, name, name, False, False) for name in grids}
+    task = Task("t", type("Card", (), {"name": "t"})(), None, "accuracy", None)
+    return build_result("random", SEEDS, models, {"t": task}, {"t": grids})["tasks"]["t"]["models"]
+
+
 def test_a_task_entry_holds_each_models_scores_at_its_own_chosen_setting(tmp_path):
     pretrained = payoff.read_grid_scores(grid_csv(tmp_path / "p", DISAGREE, beside="eval_f1"), "eval_accuracy")
     f1 = payoff.read_grid_scores(tmp_path / "p" / "grid_results.csv", "eval_f1")
     random_ = {(1e-4, 32, 3.0): {1: 0.70, 2: 0.71, 3: 0.69}, (3e-4, 32, 3.0): {1: 0.60, 2: 0.80, 3: 0.50}}
-    entry = payoff.task_entry("mrpc", {"pretrained": pretrained, "random": random_}, SEEDS,
+    entry = payoff.task_entry("mrpc", compared({"pretrained": pretrained, "random": random_}), SEEDS,
                               beside={"pretrained": f1, "random": {k: {s: v - 0.1 for s, v in d.items()}
                                                                    for k, d in random_.items()}})
     assert entry["metric"] == "accuracy"
-    assert entry["pretrained"] == [0.75, 0.74, 0.76] and entry["random"] == [0.70, 0.71, 0.69]
+    assert entry["pretrained"] == pytest.approx([0.75, 0.74, 0.76]) and entry["random"] == pytest.approx([0.70, 0.71, 0.69])
     assert entry["chosen"] == {"pretrained": {"learning_rate": 3e-4, "batch_size": 32, "epochs": 3.0},
                                "random": {"learning_rate": 1e-4, "batch_size": 32, "epochs": 3.0}}
     assert entry["f1"]["pretrained"] == pytest.approx([0.65, 0.64, 0.66])
     # paired: differences 0.05, 0.03, 0.07 -> se 0.02 / sqrt(3) = 0.011547
     assert entry["difference"] == pytest.approx(0.05) and entry["difference_se"] == pytest.approx(0.02 / math.sqrt(3))
     assert entry["beyond_2se"] is True
-    with pytest.raises(ValueError, match=r"rte, random: no grid setting has a score for every seed \[1, 2, 3\]"):
-        payoff.task_entry("rte", {"pretrained": pretrained, "random": {(1e-4, 32, 3.0): {1: 0.5}}}, SEEDS)
 
 
 def valid_record() -> dict:
@@ -178,7 +186,7 @@ def test_the_summary_states_the_protocol_and_a_table_per_task(tmp_path):
     pretrained = payoff.read_grid_scores(grid_csv(tmp_path, DISAGREE, beside="eval_f1"), "eval_accuracy")
     f1 = payoff.read_grid_scores(tmp_path / "grid_results.csv", "eval_f1")
     random_ = {(1e-4, 32, 3.0): {1: 0.74, 2: 0.76, 3: 0.60}}
-    tasks = {"mrpc": payoff.task_entry("mrpc", {"pretrained": pretrained, "random": random_}, SEEDS,
+    tasks = {"mrpc": payoff.task_entry("mrpc", compared({"pretrained": pretrained, "random": random_}), SEEDS,
                                        beside={"pretrained": f1, "random": random_})}
     record = payoff.build_record("cmd", valid_record()["pretraining"], {"seeds": SEEDS}, tasks)
     text = payoff.summary_markdown(record, "Payoff", ["SST-2: the first 20,000 sentences."])
@@ -243,9 +251,10 @@ def test_recipe_overrides_pass_dropout_only_when_given_and_the_recipe_config_acc
 
 
 def test_tokens_are_steps_times_batch_times_mean_length_per_phase_and_eval_is_the_last(tmp_path):
-    for name, mean in (("data128", 100.0), ("data512", 400.0)):
+    for name, mean, share in (("data128", 100.0, 0.6), ("data512", 400.0, 0.5)):
         (tmp_path / name).mkdir()
-        (tmp_path / name / "pretrain_data_stats.json").write_text(json.dumps({"mean_instance_length": mean}))
+        (tmp_path / name / "pretrain_data_stats.json").write_text(json.dumps({"mean_instance_length": mean,
+                                                                               "not_next_share": share}))
     run = tmp_path / "pretrain"
     run.mkdir()
     logs = [{"step": 50, "mlm_loss": 5.0},
@@ -265,6 +274,7 @@ def test_tokens_are_steps_times_batch_times_mean_length_per_phase_and_eval_is_th
     assert (facts["held_out_mlm_perplexity"], facts["held_out_nsp_accuracy"], facts["minutes"]) == (200.0, 0.9, 12.35)
     assert (facts["held_out_mlm_accuracy"], facts["frequent_token_accuracy"]) == (0.22, 0.06)
     assert facts["precision"] == "bf16" and facts["decontamination"] == counts
+    assert facts["not_next_share"] == pytest.approx((135 * 0.6 + 15 * 0.5) / 150)  # the instances it trained on
 
 
 def test_the_plateau_is_left_at_the_first_evaluation_above_the_threshold(tmp_path):
@@ -360,6 +370,10 @@ def test_an_output_dir_made_from_another_corpus_is_refused_not_reused(tmp_path):
     wanted = {"input": ["a.txt"], "against": [str(tmp_path / "glue" / "STS-B" / "dev.tsv")], "ngram": 8}
     (out / "stages").mkdir()
     (out / "stages" / "corpus.json").write_text(json.dumps(wanted))
+    # a corpus made before the task texts were read as one document per example (issue 27's) is not reused
+    with pytest.raises(SystemExit, match=r"the corpus stage was made with other settings \(task_text_format; "):
+        payoff.clean_corpus(args, out, ["a.txt"], ["stsb"])
+    (out / "stages" / "corpus.json").write_text(json.dumps({**wanted, "task_text_format": "lines"}))
     files, counts = payoff.clean_corpus(args, out, ["a.txt"], ["stsb"])  # the same inputs: reused, nothing run
     assert files == [out / "corpus" / "clean" / "a.txt"] and counts == {"ngram": 8, "sentences": 10,
                                                                         "sentences_removed": 1}
@@ -400,3 +414,32 @@ def test_phase_two_may_be_shorter_than_the_papers_512(tmp_path):
     cfg = load_pretrain_config(None, overrides)
     assert (cfg.train_data, cfg.train_data_phase2) == (str(data[64]), str(data[128]))
     assert (cfg.max_predictions_per_seq, cfg.max_predictions_per_seq_phase2, cfg.phase1_steps) == (20, 39, 1800)
+
+
+def test_the_grids_are_one_bert_suite_compare_of_the_checkpoint_and_its_random_twin(tmp_path, monkeypatch):
+    """The payoff is a user of `bert-suite compare`: one call with the model and random:MODEL, the record's grid,
+    its metrics (MRPC accuracy, STS-B Spearman) and TASK@N label subsets (SST-2's first 20,000, the curve's N)."""
+    args = payoff.parse_args(["--data", str(tmp_path), "--tasks", "stsb", "mrpc", "sst2", "--label_counts", "500",
+                              "--seeds", "1", "2", "--learning_rates", "1e-3"])
+    specs = {t: payoff.task_spec(args, t) for t in args.tasks}
+    assert specs == {"stsb": "stsb", "mrpc": "mrpc", "sst2": "sst2@20000"}
+    assert payoff.task_spec(args, "sst2", 500) == "sst2@500"
+    seen = []
+
+    def fake_run(cmd, log, what):
+        seen.append([str(c) for c in cmd])
+        (tmp_path / "compare").mkdir(exist_ok=True)
+        (tmp_path / "compare" / "compare.json").write_text(json.dumps({"seeds": [1, 2]}))
+
+    monkeypatch.setattr(payoff, "run", fake_run)
+    result = payoff.compare(args, tmp_path, {"pretrained": "ckpt", "random": "random:ckpt"},
+                            [*specs.values(), "sst2@500", "sst2@500"], "fine-tuning")
+    assert result == {"seeds": [1, 2]}
+    cmd = seen[0]
+    assert cmd[1:2] == ["compare"] and cmd[cmd.index("--model") + 1: cmd.index("--baseline")] == \
+        ["pretrained=ckpt", "random=random:ckpt"]
+    assert cmd[cmd.index("--baseline") + 1] == "random"
+    assert cmd[cmd.index("--task") + 1: cmd.index("--data_dir")] == ["stsb", "mrpc", "sst2@20000", "sst2@500"]
+    assert cmd[cmd.index("--metric") + 1: cmd.index("--learning_rates")] == \
+        ["stsb=spearmanr", "mrpc=accuracy", "sst2=accuracy"]
+    assert cmd[cmd.index("--seeds") + 1: cmd.index("--max_seq_length")] == ["1", "2"]
