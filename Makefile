@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 .PHONY: help install test test-all lint clean
 
 help:  ## this list
-	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/^([a-z-]+):.*## (.*)/  make \1\t\2/' | expand -t 22
+	@grep -hE '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/^([a-z0-9-]+):.*## (.*)/  make \1\t\2/' | expand -t 22
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -112,6 +112,13 @@ pretrain: pretrain-data  ## pre-training with the recipe (PRETRAIN_CONFIG, PRETR
 # The README's first command: corpus -> vocabulary -> pre-training -> fine-tuning grid, offline.
 demo: install  ## the embedded demo: corpus -> vocabulary -> pre-training -> grid
 	$(OFFLINE) $(BIN)/bert-suite demo --output_dir runs/demo
+
+# ---- The paper's Table 5 in miniature (docs/pretraining.md): three pre-trainings (MLM + NSP, MLM only,
+# left-to-right LM), then bert-suite compare with the + BiLSTM row and the random twin on SQuAD-small, MRPC,
+# STS-B, RTE and SST-2@1000. Hours on 2 CPU cores; rerun after a kill and it resumes. Needs ../shared/data.
+.PHONY: table5
+table5: install  ## Table 5 in miniature: benchmarks/results/table5_small.{json,md,png}
+	$(OFFLINE) $(BIN)/python benchmarks/table5_small.py --output_dir $(or $(TABLE5_OUT),runs/table5)
 
 # ---- Benchmarks (results: benchmarks/RESULTS.md). Each skips cleanly without ../shared/data. -----
 # The long ones are run on their own: bash benchmarks/glue_real_run.sh (about an hour on 2 cores),

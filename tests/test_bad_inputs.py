@@ -80,6 +80,28 @@ def rte_data(tmp: Path, train: str | bytes | None = None, dev: str | bytes | Non
     return folder
 
 
+def compare(tmp: Path, env: Env, *extra: str, models: tuple = ("a", "b"), seeds: tuple = ("1", "2"),
+            task: str = "rte", baseline: str | None = None) -> list[str]:
+    """`compare` of the tiny classifier (with its vocab.txt) under the names `models`, on a good RTE folder."""
+    model = tmp / "model"
+    if not model.exists():
+        shutil.copytree(env.classifier, model)
+        shutil.copyfile(env.vocab, model / "vocab.txt")
+    return ["compare", "--model", *(f"{name}={model}" for name in models), "--baseline", baseline or models[0], "--task", task,
+            "--data_dir", str(rte_data(tmp).parent), "--seeds", *seeds, "--max_seq_length", "32", "--output_dir",
+            str(tmp / "out"), *extra]
+
+
+def causal_classifier(tmp: Path, env: Env) -> Path:
+    from bert_suite.configuration_bert_suite import BertSuiteConfig
+    from bert_suite.modeling_bert_suite import BertSuiteForSequenceClassification
+
+    config = BertSuiteConfig.from_pretrained(env.classifier)
+    config.causal_attention = True
+    BertSuiteForSequenceClassification(config).save_pretrained(tmp / "causal")
+    return tmp / "causal"
+
+
 def finetune(task: str, data: Path, tmp: Path, env: Env, *extra: str, model: str = "preset:tiny") -> list[str]:
     return ["finetune", task, "--model", model, "--tokenizer", str(env.vocab), "--data_dir", str(data),
             "--output_dir", str(tmp / "run"), "--max_seq_length", "32", "--max_steps", "1",
@@ -641,6 +663,32 @@ CASES = [
          lambda tmp, env: ["decontaminate", "--input", str(write(tmp / "c.txt", "One whole sentence here.\n")),
                            "--against", str(tmp / "c.txt"), "--ngram", "3", "--output_dir", str(tmp / "out")],
          r"--input", r"every one of the 1 sentences", r"nothing is left; expected a corpus other than the evaluation"),
+    # ---------------------------------------------------------------- compare, SQuAD-small, the left-to-right model
+    Case("compare-one-model", "compare", "`compare` with one --model", lambda tmp, env: compare(tmp, env, models=("a",)),
+         r"--model", None, r"1 model given; a comparison needs at least two"),
+    Case("compare-duplicate-name", "compare", "`compare --model a=M a=M`",
+         lambda tmp, env: compare(tmp, env, models=("a", "a")),
+         r"--model a=", None, r"the name a is given twice; expected one --model per name"),
+    Case("compare-not-a-checkpoint", "compare", "`compare --model x=FOLDER` on a folder without config.json",
+         lambda tmp, env: compare(tmp, env) + ["--model", f"x={write(tmp / 'notes' / 'a.txt', 'hi').parent}"],
+         r"--model x=", r"notes", r"is not a checkpoint \(no config.json\); expected a folder written by"),
+    Case("compare-one-seed", "compare", "`compare --seeds 1`", lambda tmp, env: compare(tmp, env, seeds=("1",)),
+         r"--seeds 1", None, r"a standard error needs at least two seeds"),
+    Case("compare-unknown-baseline", "compare", "`compare --baseline` naming no model",
+         lambda tmp, env: compare(tmp, env, baseline="nobody"),
+         r"--baseline nobody", None, r"not one of the models; expected one of a, b"),
+    Case("compare-labels-above-train", "compare", "`compare --task rte@10` on 3 training examples",
+         lambda tmp, env: compare(tmp, env, task="rte@10"),
+         r"--task rte@10", None, r"10 labels is above rte's train size \(3 examples\); expected at most 3"),
+    Case("squad-small-v2", "compare", "`squad-small --input` a SQuAD v2.0 file",
+         lambda tmp, env: ["squad-small", "--input", str(write(tmp / "dev-v2.0.json", json.dumps({"data": [
+             {"title": "t", "paragraphs": [{"context": "c", "qas": [{"id": "1", "question": "q", "answers": [],
+                                                                      "is_impossible": True}]}]}]}))),
+                           "--output_dir", str(tmp / "small")],
+         r"dev-v2\.0\.json", None, r"unanswerable questions \(SQuAD v2.0\); expected a v1.1 file"),
+    Case("export-causal-classifier", "compare", "`export --to bert` of a left-to-right classifier",
+         lambda tmp, env: ["export", "--to", "bert", str(causal_classifier(tmp, env)), str(tmp / "stock")],
+         r"causal", None, r"pools its last real token, while stock BertForSequenceClassification pools position 0"),
     # ---------------------------------------------------------------- dashboard
     Case("dashboard-no-study", "dashboard", "`dashboard FOLDER` on a folder that holds no grid",
          lambda tmp, env: ["dashboard", str(write(tmp / "notes" / "notes.txt", "hello").parent)],

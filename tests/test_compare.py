@@ -166,7 +166,7 @@ def test_random_and_bilstm_prefixes_load_what_they_name(setup):
     ("not-a-checkpoint", r"--model other=.*: .* is not a checkpoint \(no config.json\)"),
     ("labels-above-train", r"--task rte@500: 500 labels is above rte's train size \(64 examples\)"),
     ("one-seed", r"--seeds 1: a standard error needs at least two seeds"),
-    ("baseline", r"--baseline nobody: not one of the models \(pre, random\)"),
+    ("baseline", r"--baseline nobody: not one of the models; expected one of pre, random"),
     ("too-short-for-squad", r"--task squad_small@48: max_seq_length 32 leaves no room for the context"),
 ])
 def test_bad_input_is_one_clear_error_and_nothing_is_written(setup, tmp_path, capsys, case, message):

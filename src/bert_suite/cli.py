@@ -317,7 +317,7 @@ def _compare(args: argparse.Namespace, rest: list[str]) -> None:
     # every check before anything is written or trained
     models = parse_models(args.model)
     if args.baseline not in models:
-        raise CompareError(f"--baseline {args.baseline}: not one of the models ({', '.join(models)})")
+        raise CompareError(f"--baseline {args.baseline}: not one of the models; expected one of {', '.join(models)}")
     check_seeds(args.seeds)
     tasks = parse_tasks(args.tasks, args.data_dir, args.metric)
     for model in models.values():

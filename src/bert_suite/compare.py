@@ -76,7 +76,8 @@ def parse_models(values: list[str]) -> dict[str, Model]:
                                "random:PATH for a checkpoint's random twin")
         models[name] = Model(name, model, spec.source, spec.random, spec.bilstm)
     if len(models) < 2:
-        raise CompareError(f"--model: {len(models)} model given; a comparison needs at least two")
+        raise CompareError(f"--model: {len(models)} model given; a comparison needs at least two (--model A=PATH "
+                           "B=PATH ...)")
     return models
 
 
