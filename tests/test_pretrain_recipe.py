@@ -208,6 +208,7 @@ def test_demo_runs_end_to_end_and_prints_the_same_table_twice(tmp_path):
     # one precision for both stages, said in the table and recorded (conftest: BERT_SUITE_PRECISION=fp32)
     assert results["precision"] == "fp32" and results["precision_reason"] == "BERT_SUITE_PRECISION=fp32"
     assert results["pretraining"]["precision"] == "fp32" and "Precision (pre-training and fine-tuning): fp32" in table
+    assert set(results["instances"]) == {"64", "128"} and 0 < results["instances"]["64"]["not_next_share"] < 1
     again = run_demo(str(tmp_path / "again"), **small)
     assert again.replace(str(tmp_path / "again"), "OUT") == table.replace(str(tmp_path / "demo"), "OUT")
     assert (tmp_path / "again" / "tokenizer" / "vocab.txt").read_bytes() == \

@@ -164,11 +164,13 @@ def run_demo(output_dir: str = "runs/demo", max_steps: int | None = None, vocab_
     step("tokenizer")
     # The paper's 128/512 phases shrink to 64/128 here: the demo task is about single sentences,
     # and 2 CPU cores get twice the sequences per minute (make pretrain keeps 128/512).
+    instances = {}
     for length in (64, 128):
         stats = build_pretraining_dataset([str(out / "corpus" / "pretrain.txt")], str(out / "tokenizer"),
                                           str(out / "data" / str(length)), max_seq_length=length,
                                           dupe_factor=5 if length == 64 else 1)
         print(format_stats(stats))
+        instances[length] = {k: stats[k] for k in ("instances", "not_next_share", "mean_instance_length")}
     step("instances")
     recipe = REPO / "recipes" / "pretrain.py"
     if not recipe.is_file():
@@ -236,7 +238,8 @@ def run_demo(output_dir: str = "runs/demo", max_steps: int | None = None, vocab_
         "settings": {k: dict(zip(("learning_rate", "per_device_train_batch_size", "num_train_epochs"), v,
                                  strict=True)) for k, v in chosen_settings.items()},
         "paired_difference": {"mean": mean, "standard_error": se},
-        "pretraining": pretrain, "task": task, "corpus": corpus, "timings": timings, **chosen.record()},
+        "pretraining": pretrain, "instances": instances, "task": task, "corpus": corpus, "timings": timings,
+        **chosen.record()},
         indent=2, default=str))
     # The time is printed apart from the table: the same checkout prints the same table on every run.
     print("[demo] time: " + ", ".join(f"{k} {v:.0f} s" for k, v in timings.items())
