@@ -73,3 +73,30 @@ def test_without_the_shared_data_it_skips_cleanly(tmp_path, capsys):
     assert table5.main(["--data", str(tmp_path), "--output_dir", str(tmp_path / "out")]) is None
     assert "skipping" in capsys.readouterr().out
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("tasks, metric", [(["squad_small@3000"], None), (["mrpc", "rte"], ["mrpc=accuracy"])])
+def test_each_comparison_command_is_one_bert_suite_compare_accepts(tmp_path, monkeypatch, tasks, metric):
+    """The SQuAD-only comparison has no --metric at all (an empty --metric is an argparse error that killed it)."""
+    from bert_suite_cli import build_parser
+
+    commands = []
+
+    class Worker:
+        def __init__(self, cmd, **kwargs):
+            commands.append(cmd)
+
+        def wait(self):
+            return 0
+
+    monkeypatch.setattr(table5.subprocess, "Popen", Worker)
+    monkeypatch.setattr(table5.time, "sleep", lambda seconds: None)
+    out = tmp_path / "compare"
+    out.mkdir()
+    (out / "compare.json").write_text(json.dumps(comparison({"rte": 55.0})))
+    args = table5.parse_args(["--workers", "2", "--seeds", "1", "2"])
+    table5.compare(args, out, ["a=x", "b=y"], tasks, ["1e-3"], ["2"], tmp_path / "small", tmp_path / "glue")
+    assert len(commands) == 2 and commands[0] == commands[1]
+    parsed, _ = build_parser().parse_known_args(commands[0][1:])
+    assert parsed.tasks == tasks and parsed.metric == metric
+    assert parsed.learning_rates == [1e-3] and parsed.seeds == [1, 2]
