@@ -4,6 +4,7 @@ checks that); shared fixtures are in conftest.py."""
 
 import csv
 import importlib.util
+import json
 import os
 import random
 import sys
@@ -297,3 +298,46 @@ def fresh_database(postgres_url: str) -> str:
 
     server, _ = postgres_url.rsplit("/", 1)
     return create_database(server, f"db_{uuid.uuid4().hex[:12]}")
+
+
+# SQuAD-like data (test_squad_e2e, test_compare)
+SQUAD_FILLER = ("river stone cloud window paper garden letter market winter summer bridge music silver "
+                "forest engine castle island doctor pencil rocket").split()
+SQUAD_COLORS, SQUAD_ANIMALS = "red green blue yellow".split(), "horse tiger rabbit eagle".split()
+SQUAD_SHADES = ["dark", "light"]
+SQUAD_CONTEXT_WORDS = (8, 16)
+SQUAD_VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "which", "color", "?", *SQUAD_FILLER, *SQUAD_COLORS,
+               *SQUAD_ANIMALS, *SQUAD_SHADES]
+
+
+def write_squad_like(folder: Path, version_2: bool, n_train=400, n_dev=150, seed=0) -> Path:
+    """Contexts of filler words with an animal (a distractor) and a colour inserted; the answer to
+    "which color ?" is the colour, half the time with its shade ("light blue": a two-token span).
+    In v2 a third of the contexts hold no colour: unanswerable. Contexts are longer than the
+    windows the test uses, so answers sit in different windows and the max-context rule matters."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "vocab.txt").write_text("\n".join(SQUAD_VOCAB) + "\n")
+    rng = random.Random(seed)
+
+    def article(n, prefix):
+        paragraphs = []
+        for i in range(n):
+            words = [rng.choice(SQUAD_FILLER) for _ in range(rng.randint(*SQUAD_CONTEXT_WORDS))]
+            words.insert(rng.randrange(len(words) + 1), rng.choice(SQUAD_ANIMALS))
+            answerable = not version_2 or rng.random() < 2 / 3
+            qa = {"id": f"{prefix}{i}", "question": "which color ?", "answers": []}
+            if answerable:
+                shade = rng.random() >= 0.5
+                answer = f"{rng.choice(SQUAD_SHADES)} {rng.choice(SQUAD_COLORS)}" if shade else rng.choice(SQUAD_COLORS)
+                at = rng.randrange(len(words) + 1)
+                start = len(" ".join(words[:at])) + (1 if at else 0)
+                words.insert(at, answer)
+                qa["answers"] = [{"text": answer, "answer_start": start}]
+            if version_2:
+                qa["is_impossible"] = not answerable
+            paragraphs.append({"context": " ".join(words), "qas": [qa]})
+        return {"version": "v2.0" if version_2 else "1.1", "data": [{"title": "synthetic", "paragraphs": paragraphs}]}
+
+    (folder / "train.json").write_text(json.dumps(article(n_train, "t")))
+    (folder / "dev.json").write_text(json.dumps(article(n_dev, "d")))
+    return folder

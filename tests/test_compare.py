@@ -21,9 +21,7 @@ from bert_suite.compare import Model, Task, build_result, markdown
 from bert_suite.pretraining.instances import build_pretraining_dataset
 from bert_suite.report import paired_comparison
 from bert_suite.runner import ModelSpec, RunError, load_model
-from helpers import REPO, WORDS, fresh_state, load_recipe, recipe_args, write_rte_like
-from test_squad_e2e import VOCAB as SQUAD_VOCAB
-from test_squad_e2e import write_squad_like
+from helpers import REPO, SQUAD_VOCAB, WORDS, fresh_state, load_recipe, recipe_args, write_rte_like, write_squad_like
 
 SEEDS = ["1", "2"]
 

@@ -3,51 +3,13 @@ runner (windows, labels, post-processing, official-equivalent scoring), v2 choos
 threshold on dev, keeps it with the checkpoint and `predict` applies it; `score squad` agrees."""
 
 import json
-import random
 from pathlib import Path
 
 import pytest
 import yaml
 
 from bert_suite.cli import main as cli_main
-
-FILLER = ("river stone cloud window paper garden letter market winter summer bridge music silver "
-          "forest engine castle island doctor pencil rocket").split()
-COLORS, ANIMALS, SHADES = "red green blue yellow".split(), "horse tiger rabbit eagle".split(), ["dark", "light"]
-CONTEXT_WORDS = (8, 16)
-VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "which", "color", "?", *FILLER, *COLORS, *ANIMALS, *SHADES]
-
-
-def write_squad_like(folder: Path, version_2: bool, n_train=400, n_dev=150, seed=0) -> Path:
-    """Contexts of filler words with an animal (a distractor) and a colour inserted; the answer to
-    "which color ?" is the colour, half the time with its shade ("light blue": a two-token span).
-    In v2 a third of the contexts hold no colour: unanswerable. Contexts are longer than the
-    windows the test uses, so answers sit in different windows and the max-context rule matters."""
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "vocab.txt").write_text("\n".join(VOCAB) + "\n")
-    rng = random.Random(seed)
-
-    def article(n, prefix):
-        paragraphs = []
-        for i in range(n):
-            words = [rng.choice(FILLER) for _ in range(rng.randint(*CONTEXT_WORDS))]
-            words.insert(rng.randrange(len(words) + 1), rng.choice(ANIMALS))
-            answerable = not version_2 or rng.random() < 2 / 3
-            qa = {"id": f"{prefix}{i}", "question": "which color ?", "answers": []}
-            if answerable:
-                answer = rng.choice(COLORS) if rng.random() < 0.5 else f"{rng.choice(SHADES)} {rng.choice(COLORS)}"
-                at = rng.randrange(len(words) + 1)
-                start = len(" ".join(words[:at])) + (1 if at else 0)
-                words.insert(at, answer)
-                qa["answers"] = [{"text": answer, "answer_start": start}]
-            if version_2:
-                qa["is_impossible"] = not answerable
-            paragraphs.append({"context": " ".join(words), "qas": [qa]})
-        return {"version": "v2.0" if version_2 else "1.1", "data": [{"title": "synthetic", "paragraphs": paragraphs}]}
-
-    (folder / "train.json").write_text(json.dumps(article(n_train, "t")))
-    (folder / "dev.json").write_text(json.dumps(article(n_dev, "d")))
-    return folder
+from helpers import write_squad_like
 
 
 def small_card(folder: Path, version_2: bool) -> Path:
