@@ -146,3 +146,37 @@ def test_open_study_first_start_race(postgres_url):
         assert [kind for kind, _ in outcomes] == ["ok"] * WORKERS, outcomes
         assert len({study_id for _, study_id in outcomes}) == 1
         assert study_names(url) == ["s"]
+
+
+def test_open_study_retries_postgres_already_exists_and_raises_other_programming_errors(monkeypatch, tmp_path):
+    """The second face of the race (CI saw it under load): a worker's CREATE TYPE studydirection after another's
+    is a ProgrammingError (DuplicateObject), not an IntegrityError; it is retried like one. Any other
+    ProgrammingError is the user's and goes up unchanged. (No server: create_study is made to fail.)"""
+    import pytest
+    import sqlalchemy.exc
+
+    from bert_suite import grid
+
+    created = []
+    monkeypatch.setattr(grid.time, "sleep", lambda seconds: None)
+
+    def failing(message, times):
+        def create_study(**kwargs):
+            if len(created) < times:
+                created.append("failed")
+                raise sqlalchemy.exc.ProgrammingError("CREATE TYPE ...", {}, Exception(message))
+            return "the study"
+        return create_study
+
+    storage = f"sqlite:///{tmp_path / 'g.db'}"
+    monkeypatch.setattr(grid.optuna, "create_study", failing('type "studydirection" already exists', 2))
+    assert grid.open_study(storage, "s") == "the study" and created == ["failed", "failed"]
+    created.clear()
+    monkeypatch.setattr(grid.optuna, "create_study", failing('permission denied for schema public', 1))
+    with pytest.raises(sqlalchemy.exc.ProgrammingError, match="permission denied"):
+        grid.open_study(storage, "s")
+    created.clear()
+    monkeypatch.setattr(grid.optuna, "create_study", failing('type "studydirection" already exists', 99))
+    with pytest.raises(sqlalchemy.exc.ProgrammingError, match="already exists"):
+        grid.open_study(storage, "s", attempts=3)
+    assert len(created) == 3

@@ -242,8 +242,8 @@ def _requeue(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
 def open_study(storage: str, name: str, sampler=None, heartbeat_interval: int = HEARTBEAT_INTERVAL,
                grace_period: int = GRACE_PERIOD, attempts: int = 8) -> optuna.Study:
     """The grid's study on `storage` (created by the first worker), with heartbeats. Several workers
-    starting together on a fresh database race to create its tables and the study: the loser's
-    integrity error is retried. A missing driver or an unreachable database is a StorageError
+    starting together on a fresh database race to create its tables, enum types and the study: the loser's
+    integrity error (or PostgreSQL's "already exists") is retried. A missing driver or an unreachable database is a StorageError
     naming the URL (without its password)."""
     import sqlalchemy.exc
 
@@ -272,6 +272,12 @@ def open_study(storage: str, name: str, sampler=None, heartbeat_interval: int = 
             if attempt == attempts - 1:
                 raise
             time.sleep(0.1 * (attempt + 1) + 0.1 * random.random())  # another worker is creating it: again
+        except sqlalchemy.exc.ProgrammingError as err:
+            # PostgreSQL: another worker created the same enum type or table between Optuna's check and its CREATE
+            # ("type studydirection already exists", DuplicateObject/DuplicateTable): pass, try again
+            if "already exists" not in str(err.orig if getattr(err, "orig", None) else err) or attempt == attempts - 1:
+                raise
+            time.sleep(0.1 * (attempt + 1) + 0.1 * random.random())
         except sqlalchemy.exc.OperationalError as err:
             reason = str(err.orig if getattr(err, "orig", None) else err).strip().splitlines()[0][:200]
             # SQLite: "database is locked" (another worker writes), "table ... already exists" (another worker
