@@ -22,7 +22,8 @@ stage's settings and a stage made with others is refused:
                       of 128 tokens an epoch) with its own grid (1e-3, 2 epochs), --workers processes sharing
                       its grids; first, since it is the task the table turns on
   OUT/compare         the same on MRPC, STS-B, RTE and SST-2@1000 (learning rates 3e-4 and 1e-3, 3 epochs)
-Then --results_dir/NAME.json (the two compare.json merged, + "pretraining" + "command"), NAME.md and NAME.png.
+Then --results_dir/NAME.json (the two compare.json merged, + "contrasts" (the paper's questions as paired
+differences: bidirectional against LTR, NSP, BiLSTM, pre-training) + "pretraining" + "command"), NAME.md and NAME.png.
 Reads ../shared/data; skips cleanly when it is absent.
 """
 
@@ -191,6 +192,7 @@ def main(argv=None) -> dict | None:
         if tasks:
             results[folder] = compare(args, out / folder, models, tasks, rates, epochs, small, data_root / "glue")
     record = merge([results[folder] for folder, tasks, _, _ in parts if tasks], args.tasks)
+    record["contrasts"] = contrasts(record)
     record["pretraining"] = pretraining
     record["command"] = command
     grids = {folder: f"learning rates {' '.join(rates)}, batch {' '.join(args.batch_sizes)}, epochs {' '.join(epochs)}"
@@ -246,6 +248,68 @@ def merge(parts: list[dict], order: list[str]) -> dict:
     return {**first, "tasks": {key: tasks[key] for key in order}}
 
 
+CONTRASTS = {  # name -> (first, second, what it asks): first minus second, paired by seed
+    "bidirectional_mlm_nsp": ("mlm_nsp", "ltr", "MLM + NSP against LTR & No NSP (the title claim)"),
+    "bidirectional_mlm": ("mlm", "ltr", "MLM only against LTR & No NSP"),
+    "nsp": ("mlm_nsp", "mlm", "what NSP adds (MLM + NSP minus MLM only)"),
+    "bilstm": ("ltr_bilstm", "ltr", "what the BiLSTM adds to the LTR model"),
+    "pretraining": ("mlm_nsp", "random", "what pre-training adds (MLM + NSP minus its random twin)"),
+}
+
+
+def contrasts(record: dict) -> dict:
+    """The paper's questions as paired differences per task (report.paired_comparison on the per-seed scores):
+    {NAME: {"first", "second", "tasks": {TASK: {"difference", "se", "ci95", "verdict"}}}} for each of CONTRASTS
+    whose two models the record has."""
+    from bert_suite.report import paired_comparison
+
+    out = {}
+    for name, (first, second, _) in CONTRASTS.items():
+        if first in record["models"] and second in record["models"]:
+            out[name] = {"first": first, "second": second,
+                         "tasks": {key: paired_comparison(entry["models"][first]["scores"],
+                                                          entry["models"][second]["scores"])
+                                   for key, entry in record["tasks"].items()}}
+    return out
+
+
+def goal(record: dict) -> dict:
+    """Issue 36's goal: MLM + NSP and MLM only each ahead of LTR (> 2 SE of the paired difference) on SQuAD-small
+    and on at least two of the GLUE tasks. {"met": bool, NAME: {"squad": bool, "glue_ahead": [TASK...]}}."""
+    pairs, result = record.get("contrasts") or contrasts(record), {}
+    for name in ("bidirectional_mlm_nsp", "bidirectional_mlm"):
+        tasks = pairs[name]["tasks"]
+        squad = [k for k in tasks if k.split("@")[0] == "squad_small"]
+        result[name] = {"squad": bool(squad) and all(tasks[k]["verdict"] == "ahead" for k in squad),
+                        "glue_ahead": [k for k in tasks if k not in squad and tasks[k]["verdict"] == "ahead"]}
+    result["met"] = all(r["squad"] and len(r["glue_ahead"]) >= 2 for r in result.values())
+    return result
+
+
+def paired_section(record: dict) -> list[str]:
+    """The contrasts as a table (questions as rows, tasks as columns) and the goal's verdict."""
+    pairs = record.get("contrasts") or contrasts(record)
+    if not pairs:
+        return []
+    tasks = list(record["tasks"])
+    lines = ["## The paper's questions, paired by seed", "", "| question | " + " | ".join(tasks) + " |",
+             "|---|" + "---:|" * len(tasks)]
+    for name, pair in pairs.items():
+        cells = [f"{d['difference']:+.1f} ± {d['se']:.1f} [{d['ci95'][0]:+.1f}, {d['ci95'][1]:+.1f}] {d['verdict']}"
+                 for d in (pair["tasks"][t] for t in tasks)]
+        lines.append(f"| {CONTRASTS[name][2]} | " + " | ".join(cells) + " |")
+    lines += ["", "Each cell: first minus second, the mean over the paired seeds ± its SE [95% interval, t with n - 1 "
+              "degrees of freedom], and the verdict at 2 SE."]
+    if {"bidirectional_mlm_nsp", "bidirectional_mlm"} <= set(pairs):
+        met = goal(record)
+        lines[-1] += (" Goal (MLM + NSP and MLM only each ahead of LTR on SQuAD-small and on at least two GLUE "
+                      "tasks): **" + ("met" if met["met"] else "not met") + "** ("
+                      + "; ".join(f"{CONTRASTS[n][0]}: SQuAD-small {'ahead' if r['squad'] else 'not ahead'}, GLUE "
+                                  f"ahead on {', '.join(r['glue_ahead']) or 'none'}"
+                                  for n, r in met.items() if n != "met") + ").")
+    return lines + [""]
+
+
 def summary(record: dict, decontamination: dict | None = None, grids: dict | None = None) -> str:
     """The record's table (compare.md's shape: models as rows, tasks as columns), then the pre-training facts and
     the paper's Table 5 beside it."""
@@ -257,7 +321,7 @@ def summary(record: dict, decontamination: dict | None = None, grids: dict | Non
              "is the one with the best mean dev score over the seeds (per-seed scores, settings and 95% intervals: "
              "the .json)."
              + ("" if not grids else " Grids: " + "; ".join(f"{k}: {v}" for k, v in grids.items()) + "."), "",
-             "## Pre-training", "", "| model | steps | minutes | tokens | held-out accuracy | kind | NotNext share |",
+             *paired_section(record), "## Pre-training", "", "| model | steps | minutes | tokens | held-out accuracy | kind | NotNext share |",
              "|---|---:|---:|---:|---:|---|---:|"]
     for name, f in record["pretraining"].items():
         lines.append(f"| {name} | {f['steps']:,} | {f['minutes']:.1f} | {f['tokens']:,} | "

@@ -100,3 +100,35 @@ def test_each_comparison_command_is_one_bert_suite_compare_accepts(tmp_path, mon
     parsed, _ = build_parser().parse_known_args(commands[0][1:])
     assert parsed.tasks == tasks and parsed.metric == metric
     assert parsed.learning_rates == [1e-3] and parsed.seeds == [1, 2]
+
+
+def scored(tasks: dict[str, dict[str, list[float]]]) -> dict:
+    """A record whose tasks give each model these per-seed scores."""
+    models = list(next(iter(tasks.values())))
+    record = comparison({key: 50.0 for key in tasks}, models=models)
+    for key, scores in tasks.items():
+        for name, values in scores.items():
+            record["tasks"][key]["models"][name]["scores"] = values
+    return record
+
+
+def test_the_papers_questions_are_paired_differences_and_the_goal_is_judged_from_them():
+    ahead = {"mlm_nsp": [20.0, 22.0, 24.0], "mlm": [19.0, 22.0, 23.0], "ltr": [10.0, 11.0, 12.0]}
+    level = {"mlm_nsp": [60.0, 61.0, 59.0], "mlm": [60.0, 60.0, 60.0], "ltr": [60.0, 62.0, 58.0]}
+    record = scored({"squad_small@3000": ahead, "mrpc": ahead, "stsb": ahead, "rte": level})
+    pairs = table5.contrasts(record)
+    assert set(pairs) == {"bidirectional_mlm_nsp", "bidirectional_mlm", "nsp"}  # no ltr_bilstm, no random here
+    bidirectional = pairs["bidirectional_mlm"]["tasks"]["mrpc"]  # mlm - ltr: 9, 11, 11
+    assert bidirectional["difference"] == pytest.approx(31 / 3)
+    assert bidirectional["se"] == pytest.approx((4 / 3) ** 0.5 / 3 ** 0.5)
+    assert bidirectional["verdict"] == "ahead"
+    nsp = pairs["nsp"]["tasks"]["squad_small@3000"]  # mlm_nsp - mlm: 1, 0, 1 -> 2/3 ± 1/3: exactly 2 SE, level
+    assert (nsp["difference"], nsp["se"], nsp["verdict"]) == (pytest.approx(2 / 3), pytest.approx(1 / 3), "level")
+    assert pairs["nsp"]["tasks"]["rte"]["ci95"][0] < 0 < pairs["nsp"]["tasks"]["rte"]["ci95"][1]
+    assert table5.goal(record) == {"bidirectional_mlm_nsp": {"squad": True, "glue_ahead": ["mrpc", "stsb"]},
+                                   "bidirectional_mlm": {"squad": True, "glue_ahead": ["mrpc", "stsb"]}, "met": True}
+    short = scored({"squad_small@3000": ahead, "mrpc": ahead, "stsb": level, "rte": level})
+    assert table5.goal(short)["met"] is False and table5.goal(short)["bidirectional_mlm"]["glue_ahead"] == ["mrpc"]
+    text = "\n".join(table5.paired_section(short))
+    assert "| MLM only against LTR & No NSP | +10.3 ± 0.7 [+7.5, +13.2] ahead |" in text
+    assert "**not met**" in text and "GLUE ahead on mrpc" in text
