@@ -47,6 +47,8 @@ def parse_args(argv=None):
     p.add_argument("--seq_len", type=int, default=128)
     p.add_argument("--steps", type=int, default=3, help="steps per timed repetition (base: a third)")
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--matmul_size", type=int, default=2048, help="the n of the n x n x n products that measure the "
+                   "machine's matmul peak (bf16 without native support runs at ~1 GFLOP/s: the tests use a small n)")
     p.add_argument("--quick", action="store_true", help="3 repetitions, fewer steps (make bench)")
     p.add_argument("--no-memory", dest="memory", action="store_false")
     p.add_argument("--profile", action="store_true", help="also print where one step's time goes")
@@ -232,9 +234,9 @@ def main(argv=None) -> dict:
 
     tokenizer = load_pretraining_tokenizer(str(args.vocab))
     dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16}
-    before = {p: common.matmul_flops_per_second(dtype=dtypes[p]) for p in ("fp32", "bf16")}
+    before = {p: common.matmul_flops_per_second(dtype=dtypes[p], size=args.matmul_size) for p in ("fp32", "bf16")}
     rows = [bench_preset(args, preset, tokenizer, before) for preset in args.presets]
-    after = {p: common.matmul_flops_per_second(dtype=dtypes[p]) for p in ("fp32", "bf16")}
+    after = {p: common.matmul_flops_per_second(dtype=dtypes[p], size=args.matmul_size) for p in ("fp32", "bf16")}
     payload = {"machine": {**common.machine(), "native_bf16": native_bf16_flag()},
                "matmul_fp32_flops": [before["fp32"], after["fp32"]],
                "matmul_bf16_flops": [before["bf16"], after["bf16"]], "rows": rows,
