@@ -321,7 +321,8 @@ def summary(record: dict, decontamination: dict | None = None, grids: dict | Non
              "is the one with the best mean dev score over the seeds (per-seed scores, settings and 95% intervals: "
              "the .json)."
              + ("" if not grids else " Grids: " + "; ".join(f"{k}: {v}" for k, v in grids.items()) + "."), "",
-             *paired_section(record), "## Pre-training", "", "| model | steps | minutes | tokens | held-out accuracy | kind | NotNext share |",
+             *paired_section(record),
+             "## Pre-training", "", "| model | steps | minutes | tokens | held-out accuracy | kind | NotNext share |",
              "|---|---:|---:|---:|---:|---|---:|"]
     for name, f in record["pretraining"].items():
         lines.append(f"| {name} | {f['steps']:,} | {f['minutes']:.1f} | {f['tokens']:,} | "

@@ -243,8 +243,8 @@ def open_study(storage: str, name: str, sampler=None, heartbeat_interval: int = 
                grace_period: int = GRACE_PERIOD, attempts: int = 8) -> optuna.Study:
     """The grid's study on `storage` (created by the first worker), with heartbeats. Several workers
     starting together on a fresh database race to create its tables, enum types and the study: the loser's
-    integrity error (or PostgreSQL's "already exists") is retried. A missing driver or an unreachable database is a StorageError
-    naming the URL (without its password)."""
+    integrity error (or PostgreSQL's "already exists") is retried. A missing driver or an unreachable
+    database is a StorageError naming the URL (without its password)."""
     import sqlalchemy.exc
 
     # Heartbeats are marked experimental, and Optuna expects them with Study.optimize; the grid drives
@@ -268,16 +268,16 @@ def open_study(storage: str, name: str, sampler=None, heartbeat_interval: int = 
                        "MySQLdb": "pip install mysqlclient"}.get(name.split(".")[0])
             raise StorageError(f"--storage {safe}: the database driver {name!r} is not installed"
                                + (f"; {install}" if install else "")) from None
-        except (sqlalchemy.exc.IntegrityError, optuna.exceptions.DuplicatedStudyError):
-            if attempt == attempts - 1:
+        except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.ProgrammingError,
+                optuna.exceptions.DuplicatedStudyError) as err:
+            # PostgreSQL says a lost race either way: a unique violation, or (a ProgrammingError) "type
+            # studydirection already exists" when another worker created the enum type or table between
+            # Optuna's check and its CREATE; any other ProgrammingError is the user's
+            lost_race = (not isinstance(err, sqlalchemy.exc.ProgrammingError)
+                         or "already exists" in str(getattr(err, "orig", None) or err))
+            if not lost_race or attempt == attempts - 1:
                 raise
             time.sleep(0.1 * (attempt + 1) + 0.1 * random.random())  # another worker is creating it: again
-        except sqlalchemy.exc.ProgrammingError as err:
-            # PostgreSQL: another worker created the same enum type or table between Optuna's check and its CREATE
-            # ("type studydirection already exists", DuplicateObject/DuplicateTable): pass, try again
-            if "already exists" not in str(err.orig if getattr(err, "orig", None) else err) or attempt == attempts - 1:
-                raise
-            time.sleep(0.1 * (attempt + 1) + 0.1 * random.random())
         except sqlalchemy.exc.OperationalError as err:
             reason = str(err.orig if getattr(err, "orig", None) else err).strip().splitlines()[0][:200]
             # SQLite: "database is locked" (another worker writes), "table ... already exists" (another worker
