@@ -48,6 +48,7 @@ from bert_suite.pretraining.checkpoints import (
     trim_log,
 )
 from bert_suite.pretraining.config import load_pretrain_config
+from bert_suite.pretraining.instances import find_parts, load_parts
 from bert_suite.pretraining.masking import MaskingCollator, example_keys
 from bert_suite.tokenization import load_pretraining_tokenizer
 
@@ -77,15 +78,26 @@ class StepBatches(torch.utils.data.Sampler):
 
 
 def load_instances(path: str, max_positions: int, what: str) -> datasets.Dataset:
+    """A `bert-suite pretrain-data` output: a dataset folder, or a folder of parts (`--num_shards`),
+    which must hold all its parts, finished and built alike; they are concatenated in part order."""
     try:
-        data = datasets.load_from_disk(path)
+        parts = find_parts(path)
+        data = load_parts(path) if parts else None
     except (FileNotFoundError, ValueError) as err:
-        raise SystemExit(f"{what} {path}: not a dataset written by `bert-suite pretrain-data` ({err})") from None
+        raise SystemExit(f"{what} {path}: {err}") from None
+    if data is None:
+        try:
+            data = datasets.load_from_disk(path)
+        except (FileNotFoundError, ValueError) as err:
+            raise SystemExit(f"{what} {path}: not a dataset written by `bert-suite pretrain-data` ({err})") from None
     missing = [c for c in COLUMNS if c not in data.column_names]
     if missing:
         raise SystemExit(f"{what} {path}: missing columns {missing}; rebuild it with `bert-suite pretrain-data`")
-    stats = Path(path) / "pretrain_data_stats.json"
-    length = json.loads(stats.read_text()).get("max_seq_length") if stats.is_file() else None
+    if parts:
+        length = parts[0][1].get("max_seq_length")  # the same in every part (checked)
+    else:
+        stats = Path(path) / "pretrain_data_stats.json"
+        length = json.loads(stats.read_text()).get("max_seq_length") if stats.is_file() else None
     if length and length > max_positions:
         raise SystemExit(f"{what} {path}: max_seq_length {length} exceeds the model's {max_positions} positions")
     return data

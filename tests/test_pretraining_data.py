@@ -7,15 +7,27 @@ import hashlib
 import json
 import os
 import random
+import shutil
+import subprocess
+import sys
 
 import pytest
 from datasets import load_from_disk
 from transformers import AutoTokenizer
 
-from bert_suite.pretraining.instances import build_pretraining_dataset, format_stats, truncated_lengths
+import bert_suite_cli
+from bert_suite.pretraining.instances import (
+    build_part,
+    build_pretraining_dataset,
+    find_parts,
+    format_stats,
+    load_parts,
+    truncated_lengths,
+)
 from bert_suite.pretraining.text_files import detect_format, iter_documents, split_sentences
 from bert_suite.pretraining.tokenizer import train_tokenizer
 from bert_suite.tokenization import SPECIAL_TOKENS, load_pretraining_tokenizer
+from helpers import load_recipe
 
 IGNORE = -100
 
@@ -384,3 +396,173 @@ def test_the_default_output_is_the_reference_algorithms_as_before_balance_nsp(tm
     data = load_from_disk(str(tmp_path / "out"))
     found = json.dumps([list(data["input_ids"]), list(data["next_sentence_label"])])
     assert hashlib.sha256(found.encode()).hexdigest() == REFERENCE_DIGEST
+
+
+# ------------------------------------------------------------------------------------ parts (--num_shards)
+
+
+def part_rows(folder, count):
+    """Rows of part folders 0..count-1 of `folder`, concatenated by hand (column -> values)."""
+    rows: dict[str, list] = {}
+    for index in range(count):
+        for column, values in load_from_disk(str(folder / f"part-{index:05d}-of-{count:05d}")).to_dict().items():
+            rows.setdefault(column, []).extend(values)
+    return rows
+
+
+def test_parts_built_in_separate_processes_are_the_single_build_in_order(tmp_path):
+    """Three `pretrain-data --shard_index` processes at once into one folder (one of them with two workers)
+    give, in part order, the rows of the one-folder build: every column, static masks included."""
+    rng = random.Random(0)
+    words = [f"w{i}" for i in range(40)]
+    # The CLI cuts internal shards at 2,000 documents: 8,000 two-sentence documents make four, so the
+    # parts are shards [0, 1), [1, 2) and [2, 4) and the last one has work for two processes.
+    lines = [line for _ in range(8000) for line in
+             (" ".join(rng.choices(words, k=rng.randint(2, 5))), " ".join(rng.choices(words, k=rng.randint(2, 5))), "")]
+    corpus, vocab = tmp_path / "corpus.txt", tmp_path / "vocab.txt"
+    corpus.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    vocab.write_text("\n".join([*SPECIAL_TOKENS, *words]) + "\n", encoding="utf-8")
+    common = ["--input", str(corpus), "--tokenizer", str(vocab), "--max_seq_length", "32", "--format", "lines",
+              "--seed", "11", "--static_masking"]
+    runs = [subprocess.Popen([sys.executable, "-m", "bert_suite.cli", "pretrain-data", *common, "--output_dir",
+                              str(tmp_path / "parts"), "--num_shards", "3", "--shard_index", str(index),
+                              *(["--num_proc", "2"] if index == 2 else [])],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for index in range(3)]
+    single = build_pretraining_dataset([str(corpus)], str(vocab), str(tmp_path / "one"), max_seq_length=32,
+                                       fmt="lines", seed=11, static_masking=True, num_proc=2)
+    for index, run in enumerate(runs):
+        out, err = run.communicate(timeout=300)
+        assert run.returncode == 0, err
+        assert f"wrote {tmp_path / 'parts' / f'part-{index:05d}-of-00003'}" in out
+    assert single["shards"] == 4
+    assert sorted(os.listdir(tmp_path / "parts")) == [f"part-{i:05d}-of-00003" for i in range(3)]  # no leftovers
+    stats = [json.loads((tmp_path / "parts" / f"part-{i:05d}-of-00003" / "pretrain_data_stats.json").read_text())
+             for i in range(3)]
+    assert [s["internal_shards"] for s in stats] == [[0, 1], [1, 2], [2, 4]]
+    assert [s["shard_index"] for s in stats] == [0, 1, 2] and {s["num_shards"] for s in stats} == {3}
+    assert sum(s["instances"] for s in stats) == single["instances"]
+    rows, expected = part_rows(tmp_path / "parts", 3), load_from_disk(str(tmp_path / "one")).to_dict()
+    assert sorted(rows) == sorted(expected) == ["input_ids", "labels", "next_sentence_label", "token_type_ids"]
+    for column in expected:
+        assert rows[column] == expected[column], column
+
+
+@pytest.fixture(scope="module")
+def parts_build(tmp_path_factory):
+    """A corpus of eight internal shards (four documents each), built in one folder and in three parts."""
+    folder = tmp_path_factory.mktemp("parts")
+    corpus, vocab, _ = write_nsp_corpus(folder, documents=30, sentences=4)
+    common = dict(max_seq_length=32, fmt="lines", docs_per_shard=4, seed=5, dupe_factor=2)
+    single = build_pretraining_dataset([str(corpus)], str(vocab), str(folder / "one"), **common)
+    parts = build_pretraining_dataset([str(corpus)], str(vocab), str(folder / "all"), num_shards=3, **common)
+    return folder, corpus, vocab, common, single, parts
+
+
+def test_all_parts_in_one_call_equal_the_separate_calls(parts_build, tmp_path):
+    folder, corpus, vocab, common, single, parts = parts_build
+    assert single["shards"] == 8 and "shard_index" not in single
+    assert [p["internal_shards"] for p in parts] == [[0, 2], [2, 5], [5, 8]]
+    assert [p["shards"] for p in parts] == [2, 3, 3] and {p["corpus_shards"] for p in parts} == {8}
+    assert "part 1 of parts 0-2: internal shards 2-4 of 8" in format_stats(parts[1])
+    separate = [build_part([str(corpus)], str(vocab), str(tmp_path / "separate"), 3, index,
+                           num_proc=2 if index == 1 else None, **common) for index in range(3)]
+    assert separate == parts
+    for index in range(3):
+        name = f"part-{index:05d}-of-00003"
+        assert load_from_disk(str(tmp_path / "separate" / name)).to_dict() == \
+            load_from_disk(str(folder / "all" / name)).to_dict(), name
+    assert load_parts(folder / "all").to_dict() == load_from_disk(str(folder / "one")).to_dict()
+    # --num_shards 1 --shard_index 0: the one-folder build's rows, in a part folder
+    whole = build_part([str(corpus)], str(vocab), str(tmp_path / "whole"), 1, 0, **common)
+    assert whole["internal_shards"] == [0, 8] and os.listdir(tmp_path / "whole") == ["part-00000-of-00001"]
+    assert load_parts(tmp_path / "whole").to_dict() == load_from_disk(str(folder / "one")).to_dict()
+    # A finished part built again is replaced whole (here with another seed), leaving nothing beside it.
+    before = load_from_disk(str(tmp_path / "separate" / "part-00001-of-00003")).to_dict()
+    build_part([str(corpus)], str(vocab), str(tmp_path / "separate"), 3, 1, **dict(common, seed=6))
+    assert sorted(os.listdir(tmp_path / "separate")) == [f"part-{i:05d}-of-00003" for i in range(3)]
+    assert load_from_disk(str(tmp_path / "separate" / "part-00001-of-00003")).to_dict() != before
+    with pytest.raises(ValueError, match=r"part-00001-of-00003: seed 6 differs from part-00000-of-00003's 5"):
+        find_parts(tmp_path / "separate")
+
+
+def test_a_part_borrows_notnext_segments_across_its_boundary_as_the_single_build_does(tmp_path):
+    # As in test_documents_without_tokens_...: the first shard keeps one document with tokens and borrows
+    # NotNext segments from the second, which here is another part.
+    corpus, vocab, _ = write_nsp_corpus(tmp_path, documents=6, sentences=3)
+    corpus.write_text("\x01\x02\n\n" + corpus.read_text())
+    common = dict(fmt="lines", docs_per_shard=2, seed=2)
+    single = build_pretraining_dataset([str(corpus)], str(vocab), str(tmp_path / "one"), **common)
+    parts = build_pretraining_dataset([str(corpus)], str(vocab), str(tmp_path / "parts"), num_shards=3, **common)
+    assert single["shards"] == 3 and [p["internal_shards"] for p in parts] == [[0, 1], [1, 2], [2, 3]]
+    assert parts[0]["documents"] == 1 and parts[0]["instances"] > 0
+    assert load_parts(tmp_path / "parts").to_dict() == load_from_disk(str(tmp_path / "one")).to_dict()
+
+
+def test_the_recipe_loads_a_folder_of_parts_and_refuses_an_incomplete_one(parts_build, tmp_path):
+    folder, _, _, _, single, _ = parts_build
+    recipe = load_recipe()
+    data = recipe.load_instances(str(folder / "all"), 512, "train_data")
+    assert data.to_dict() == load_from_disk(str(folder / "one")).to_dict()
+    assert len(recipe.load_instances(str(folder / "one"), 512, "train_data")) == single["instances"]  # as before
+    with pytest.raises(SystemExit, match=r"train_data .*all: max_seq_length 32 exceeds the model's 16 positions"):
+        recipe.load_instances(str(folder / "all"), 16, "train_data")
+
+    # part 1 as a killed build leaves it: under its hidden temporary name, never taken as finished
+    broken = tmp_path / "broken"
+    shutil.copytree(folder / "all", broken)
+    os.rename(broken / "part-00001-of-00003", broken / ".part-00001-of-00003.tmp-0badc0de")
+    with pytest.raises(SystemExit, match=r"train_data .*broken: part\(s\) 1 of 3 missing or unfinished .*"
+                                         r"unfinished builds \(killed, or still running\): "
+                                         r"\.part-00001-of-00003\.tmp-0badc0de"):
+        recipe.load_instances(str(broken), 512, "train_data")
+    (broken / ".part-00001-of-00003.tmp-0badc0de").rename(broken / "part-00001-of-00003")
+    (broken / "part-00002-of-00003" / "pretrain_data_stats.json").unlink()  # unfinished: no statistics
+    with pytest.raises(SystemExit, match=r"part\(s\) 2 of 3 missing or unfinished"):
+        recipe.load_instances(str(broken), 512, "train_data")
+
+    only_temporary = tmp_path / "only_temporary"
+    (only_temporary / ".part-00000-of-00002.tmp-1234abcd").mkdir(parents=True)
+    with pytest.raises(SystemExit, match=r"train_data .*only_temporary: part\(s\) 0, 1 of 2 missing or unfinished"):
+        recipe.load_instances(str(only_temporary), 512, "train_data")
+
+    mixed = tmp_path / "mixed"
+    shutil.copytree(folder / "all", mixed)
+    stats_file = mixed / "part-00002-of-00003" / "pretrain_data_stats.json"
+    stats_file.write_text(json.dumps(dict(json.loads(stats_file.read_text()), max_seq_length=64)))
+    with pytest.raises(SystemExit, match=r"part-00002-of-00003: max_seq_length 64 differs from part-00000-of-00003's 32"):
+        recipe.load_instances(str(mixed), 512, "train_data")
+
+
+def test_bad_part_arguments_are_refused_before_anything_is_written(tmp_path, capsys):
+    corpus, vocab, _ = write_nsp_corpus(tmp_path, documents=30, sentences=4)
+    out = tmp_path / "out"
+    common = dict(fmt="lines", docs_per_shard=4)  # eight internal shards
+    for settings, message in [
+            (dict(num_shards=3, shard_index=3), "shard_index 3 is not below num_shards 3: the parts are numbered 0 to 2"),
+            (dict(num_shards=3, shard_index=-1), "shard_index must be at least 0, got -1"),
+            (dict(num_shards=0), "num_shards must be at least 1, got 0"),
+            (dict(num_shards=9, shard_index=0), r"num_shards 9: the corpus is too small for 9 parts; it makes 8 internal "
+                                                r"shard\(s\) \(runs of whole documents, up to 4 documents"),
+            (dict(num_shards=9), "the corpus is too small for 9 parts")]:
+        with pytest.raises(ValueError, match=message):
+            build_pretraining_dataset([str(corpus)], str(vocab), str(out), **common, **settings)
+        assert not out.exists(), settings
+    with pytest.raises(ValueError, match="build_part needs a shard_index"):
+        build_part([str(corpus)], str(vocab), str(out), 3, None)
+    # A part that fails midway (its documents have no tokens) takes its temporary folder with it.
+    nothing = tmp_path / "nothing.txt"
+    nothing.write_text("\x01\n\n\x02\n\n\x03\n\n\x04\n")
+    with pytest.raises(ValueError, match="0 document\\(s\\) with tokens"):
+        build_part([str(nothing)], str(vocab), str(out), 2, 1, fmt="lines", docs_per_shard=2)
+    assert os.listdir(out) == []
+    shutil.rmtree(out)
+    base = ["pretrain-data", "--input", str(corpus), "--tokenizer", str(vocab), "--format", "lines",
+            "--output_dir", str(out)]
+    for flags, message in [(["--num_shards", "3", "--shard_index", "3"], "shard_index 3 is not below num_shards 3"),
+                           (["--num_shards", "2", "--shard_index", "-1"], "--shard_index must be at least 0, got -1"),
+                           (["--num_shards", "0"], "--num_shards must be at least 1, got 0"),
+                           (["--num_shards", "2"], "too small for 2 parts; it makes 1 internal shard")]:
+        assert bert_suite_cli.main([*base, *flags]) == 2, flags
+        assert message in capsys.readouterr().err, flags
+        assert not out.exists(), flags

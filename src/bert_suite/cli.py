@@ -88,7 +88,8 @@ def _training_overrides(rest: list[str]) -> dict:
 
 # Flags whose values are checked before anything is read: name -> smallest allowed value.
 _FLAG_MINIMUMS = {"batch_size": 1, "hidden": 1, "num_proc": 1, "max_steps": 1, "max_train_samples": 1,
-                  "max_eval_samples": 1, "max_predict_samples": 1, "heartbeat_interval": 1, "grace_period": 1}
+                  "max_eval_samples": 1, "max_predict_samples": 1, "heartbeat_interval": 1, "grace_period": 1,
+                  "num_shards": 1, "shard_index": 0}
 
 
 def _check_flags(args: argparse.Namespace) -> None:
@@ -484,15 +485,20 @@ def _tokenizer(args: argparse.Namespace, rest: list[str]) -> None:
 
 
 def _pretrain_data(args: argparse.Namespace, rest: list[str]) -> None:
-    from .pretraining.instances import build_pretraining_dataset, format_stats
+    from .pretraining.instances import build_pretraining_dataset, format_stats, part_name
 
     stats = build_pretraining_dataset(
         args.input, args.tokenizer, args.output_dir, max_seq_length=args.max_seq_length,
         short_seq_prob=args.short_seq_prob, dupe_factor=args.dupe_factor, static_masking=args.static_masking,
         max_predictions_per_seq=args.max_predictions_per_seq, masked_lm_prob=args.masked_lm_prob,
         whole_word_mask=args.whole_word_mask, seed=args.seed, num_proc=args.num_proc, fmt=args.format,
-        balance_nsp=args.balance_nsp)
-    print(format_stats(stats))
+        balance_nsp=args.balance_nsp, num_shards=args.num_shards, shard_index=args.shard_index)
+    if isinstance(stats, dict) and "shard_index" not in stats:  # one dataset in --output_dir, as before parts
+        print(format_stats(stats))
+        return
+    for part in stats if isinstance(stats, list) else [stats]:
+        print(format_stats(part))
+        print(f"wrote {Path(args.output_dir, part_name(part['num_shards'], part['shard_index']))}")
 
 
 def _corpus(args: argparse.Namespace, rest: list[str]) -> None:

@@ -335,6 +335,13 @@ def build_parser() -> argparse.ArgumentParser:
     data.add_argument("--num_proc", type=int, help="worker processes (default: 1)")
     data.add_argument("--format", default="auto", choices=["auto", "lines", "raw", "wikitext"],
                       help="input layout (auto detects)")
+    data.add_argument("--num_shards", type=int, default=1, metavar="N",
+                      help="build the instances in N parts, each a dataset folder OUTPUT_DIR/part-IIIII-of-NNNNN "
+                      "(a run of whole internal shards); in order they are the rows of the one-folder build, and "
+                      "the recipe takes OUTPUT_DIR as its data (default: 1, one dataset in OUTPUT_DIR)")
+    data.add_argument("--shard_index", type=int, metavar="I",
+                      help="build only part I (0 to N-1) of --num_shards N, e.g. one per process or machine, "
+                      "all into the same --output_dir (default: all N parts, one after another)")
     data.set_defaults(func="_pretrain_data")
 
     corpus = sub.add_parser("corpus", help="write the embedded corpus (stdlib documentation), or a task's train "

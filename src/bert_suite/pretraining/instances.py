@@ -8,16 +8,21 @@ Corpus files are read by `text_files` (formats, encodings, sentence splitting).
 Memory is bounded by working shard by shard: a shard is a run of whole documents (at most
 `docs_per_shard` documents, cut sooner at ~16 MiB of text, never fewer than two documents) that
 is read, tokenised and turned into instances on its own, in a worker process when `num_proc` > 1.
+The instances can also be built in parts (`num_shards`, `shard_index`): runs of whole shards, each a
+dataset folder of its own, built by separate processes or machines; `load_parts` puts them together.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import math
 import os
 import random
 import re
+import secrets
+import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -271,24 +276,9 @@ def _features(static_masking: bool):
     return Features(columns)
 
 
-def build_pretraining_dataset(files: list[str], tokenizer, output_dir: str, max_seq_length: int = 128,
-                              short_seq_prob: float = 0.1, dupe_factor: int = 1, static_masking: bool = False,
-                              max_predictions_per_seq: int = 20, masked_lm_prob: float = 0.15,
-                              whole_word_mask: bool = False, seed: int = 12345, num_proc: int | None = None,
-                              fmt: str = "auto", docs_per_shard: int = 2000, balance_nsp: bool = False) -> dict:
-    """Turn text files into NSP instances saved with `datasets` (`load_from_disk(output_dir)`), and
-    return (and write to output_dir/pretrain_data_stats.json) the statistics.
-
-    Columns: input_ids (int32), token_type_ids (int8), next_sentence_label (int8: 0 IsNext,
-    1 NotNext); with `static_masking`, input_ids hold the masked ids and `labels` (int32) the
-    original id at predicted positions, -100 elsewhere, with new masks in each of the
-    `dupe_factor` rounds. `whole_word_mask`, `max_predictions_per_seq` and `masked_lm_prob` only
-    apply to static masking. `balance_nsp`: one-sentence chunks are IsNext half the time (see
-    `instances_from_document`). The same seed gives the same dataset for any `num_proc`."""
-    from datasets import Dataset
-    from datasets.exceptions import DatasetGenerationError
-
-    paths = check_input_files(files)
+def _check_build_arguments(max_seq_length: int, short_seq_prob: float, dupe_factor: int, static_masking: bool,
+                           max_predictions_per_seq: int, masked_lm_prob: float, docs_per_shard: int,
+                           num_shards: int, shard_index: int | None) -> None:
     check_max_seq_length(max_seq_length)
     if dupe_factor < 1:
         raise ValueError(f"dupe_factor must be at least 1, got {dupe_factor}")
@@ -300,28 +290,152 @@ def build_pretraining_dataset(files: list[str], tokenizer, output_dir: str, max_
     if docs_per_shard < 2:
         raise ValueError(f"docs_per_shard must be at least 2 (NotNext segments come from the same shard), "
                          f"got {docs_per_shard}")
+    if num_shards < 1:
+        raise ValueError(f"num_shards must be at least 1, got {num_shards}")
+    if shard_index is not None and shard_index < 0:
+        raise ValueError(f"shard_index must be at least 0, got {shard_index}")
+    if shard_index is not None and shard_index >= num_shards:
+        raise ValueError(f"shard_index {shard_index} is not below num_shards {num_shards}: the parts are numbered "
+                         f"0 to {num_shards - 1}")
+
+
+def part_name(num_shards: int, shard_index: int) -> str:
+    """The folder name of part `shard_index` of `num_shards`: part-00001-of-00004."""
+    return f"part-{shard_index:05d}-of-{num_shards:05d}"
+
+
+def part_range(num_shards: int, shard_index: int, internal_shards: int) -> tuple[int, int]:
+    """The internal shards [first, end) that part `shard_index` of `num_shards` builds: contiguous runs
+    as even as whole shards allow, so the parts in order are the internal shards in order."""
+    return shard_index * internal_shards // num_shards, (shard_index + 1) * internal_shards // num_shards
+
+
+def _plan_digest(paths: list[Path], shards: list[list[Piece]]) -> str:
+    """The plan by file position (not path, which may differ between the machines building the parts),
+    format, encoding and byte ranges: parts with the same digest cut the same corpus the same way."""
+    position = {str(p): i for i, p in enumerate(paths)}
+    plan = [[(position[p], fmt, enc, start, end) for p, fmt, enc, start, end in pieces] for pieces in shards]
+    return hashlib.sha256(repr(([p.stat().st_size for p in paths], plan)).encode()).hexdigest()[:16]
+
+
+def build_pretraining_dataset(files: list[str], tokenizer, output_dir: str, max_seq_length: int = 128,
+                              short_seq_prob: float = 0.1, dupe_factor: int = 1, static_masking: bool = False,
+                              max_predictions_per_seq: int = 20, masked_lm_prob: float = 0.15,
+                              whole_word_mask: bool = False, seed: int = 12345, num_proc: int | None = None,
+                              fmt: str = "auto", docs_per_shard: int = 2000, balance_nsp: bool = False,
+                              num_shards: int = 1, shard_index: int | None = None) -> dict | list[dict]:
+    """Turn text files into NSP instances saved with `datasets` (`load_from_disk(output_dir)`), and
+    return (and write to output_dir/pretrain_data_stats.json) the statistics.
+
+    Columns: input_ids (int32), token_type_ids (int8), next_sentence_label (int8: 0 IsNext,
+    1 NotNext); with `static_masking`, input_ids hold the masked ids and `labels` (int32) the
+    original id at predicted positions, -100 elsewhere, with new masks in each of the
+    `dupe_factor` rounds. `whole_word_mask`, `max_predictions_per_seq` and `masked_lm_prob` only
+    apply to static masking. `balance_nsp`: one-sentence chunks are IsNext half the time (see
+    `instances_from_document`). The same seed gives the same dataset for any `num_proc`.
+
+    In parts: the corpus is planned into internal shards as always, and part I of `num_shards` N is the
+    contiguous run `part_range(N, I, S)` of its S shards, written as a complete dataset folder
+    output_dir/part-IIIII-of-NNNNN (`part_name`) with its own statistics. With `shard_index`, only that
+    part is built and its statistics returned (see `build_part`); without it and with N > 1, all N parts
+    are built one after another and the list of their statistics returned. The parts concatenated in
+    order (`load_parts`) are the rows of the one-folder build with the same settings, whatever the
+    `num_proc` of each part."""
+    paths = check_input_files(files)
+    _check_build_arguments(max_seq_length, short_seq_prob, dupe_factor, static_masking, max_predictions_per_seq,
+                           masked_lm_prob, docs_per_shard, num_shards, shard_index)
     if isinstance(tokenizer, (str, Path)):
         tokenizer = load_pretraining_tokenizer(str(tokenizer))
     special = check_bert_vocabulary(tokenizer)
 
-    shards, file_info, _ = plan_shards(paths, fmt, docs_per_shard)
-    out = Path(output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    for old in [*out.glob("data-*.arrow"), out / "state.json", out / "dataset_info.json", out / STATS_FILE]:
-        old.unlink(missing_ok=True)  # what a previous build left; save_to_disk keeps unlisted files
-    workers = max(1, min(num_proc or 1, len(shards)))
-    # Each job: (shard index, its pieces, the pieces of a neighbouring shard to borrow NotNext from).
+    shards, file_info, _ = plan_shards(paths, fmt, docs_per_shard, SHARD_BYTES)
+    if num_shards > len(shards):
+        raise ValueError(f"num_shards {num_shards}: the corpus is too small for {num_shards} parts; it makes "
+                         f"{len(shards)} internal shard(s) (runs of whole documents, up to {docs_per_shard} "
+                         f"documents or {SHARD_BYTES >> 20} MiB of text each), and a part is at least one")
+    # Each job: (shard index, its pieces, the pieces of a neighbouring shard to borrow NotNext from),
+    # from the whole corpus's plan, so a part's shards are built exactly as in the one-folder build.
     jobs = [(i, pieces, shards[i + 1] if i + 1 < len(shards) else shards[i - 1] if i else [])
             for i, pieces in enumerate(shards)]
     arguments = dict(max_seq_length=max_seq_length, short_seq_prob=short_seq_prob, dupe_factor=dupe_factor,
                      seed=seed, static_masking=static_masking, whole_word_mask=whole_word_mask,
                      max_predictions_per_seq=max_predictions_per_seq, masked_lm_prob=masked_lm_prob,
                      docs_per_shard=docs_per_shard, balance_nsp=balance_nsp)
+    build = dict(paths=paths, file_info=file_info, arguments=arguments, tokenizer=tokenizer, special=special,
+                 num_proc=num_proc)
+    out = Path(output_dir)
+    if num_shards == 1 and shard_index is None:
+        out.mkdir(parents=True, exist_ok=True)
+        for old in [*out.glob("data-*.arrow"), out / "state.json", out / "dataset_info.json", out / STATS_FILE]:
+            old.unlink(missing_ok=True)  # what a previous build left; save_to_disk keeps unlisted files
+        stats = _build(jobs, out, **build)
+        atomic_write_text(out / STATS_FILE, json.dumps(stats, indent=2) + "\n")
+        return stats
+    digest = _plan_digest(paths, shards)
+    built = [_build_part(jobs, out, num_shards, index, digest, build)
+             for index in ([shard_index] if shard_index is not None else range(num_shards))]
+    return built[0] if shard_index is not None else built
+
+
+def build_part(files: list[str], tokenizer, output_dir: str, num_shards: int, shard_index: int, **settings) -> dict:
+    """Build part `shard_index` (0 to num_shards - 1) of the corpus into output_dir/part-IIIII-of-NNNNN
+    and return its statistics; `settings` are build_pretraining_dataset's keywords. Parts are independent
+    (each plans the whole corpus, which only scans its bytes), so separate processes or machines can
+    build them at the same time into one folder. A part is written into a hidden temporary sibling
+    (.part-IIIII-of-NNNNN.tmp-XXXXXXXX) and renamed into place when complete, replacing a finished
+    part of the same name: a build killed midway leaves no folder `load_parts` takes as a part."""
+    if shard_index is None:
+        raise ValueError("build_part needs a shard_index (build_pretraining_dataset builds all parts)")
+    return build_pretraining_dataset(files, tokenizer, output_dir, num_shards=num_shards, shard_index=shard_index,
+                                     **settings)
+
+
+def _build_part(jobs: list, out: Path, num_shards: int, index: int, digest: str, build: dict) -> dict:
+    first, end = part_range(num_shards, index, len(jobs))
+    name = part_name(num_shards, index)
+    part = {"num_shards": num_shards, "shard_index": index, "internal_shards": [first, end],
+            "corpus_shards": len(jobs), "plan_digest": digest}
+    out.mkdir(parents=True, exist_ok=True)
+    temporary = out / f".{name}.tmp-{secrets.token_hex(4)}"
+    temporary.mkdir()
+    try:
+        stats = _build(jobs[first:end], temporary, part=part, **build)
+        atomic_write_text(temporary / STATS_FILE, json.dumps(stats, indent=2) + "\n")
+        final = out / name
+        for _ in range(5):  # another build of the same part may finish in between: then replace that one
+            try:
+                os.rename(temporary, final)
+                break
+            except OSError as err:
+                if err.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+                    raise
+            aside = out / f".{name}.old-{secrets.token_hex(4)}"
+            try:
+                os.rename(final, aside)
+            except FileNotFoundError:
+                continue
+            shutil.rmtree(aside, ignore_errors=True)
+        else:
+            raise OSError(f"{final}: could not be replaced (other builds of this part keep writing it)")
+    except BaseException:
+        shutil.rmtree(temporary, ignore_errors=True)
+        raise
+    return stats
+
+
+def _build(jobs: list, out: Path, paths: list[Path], file_info: dict, arguments: dict, tokenizer, special: dict,
+           num_proc: int | None, part: dict | None = None) -> dict:
+    """Build the shards of `jobs` into the dataset folder `out` (save_to_disk) and return the statistics."""
+    from datasets import Dataset
+    from datasets.exceptions import DatasetGenerationError
+
+    static_masking = arguments["static_masking"]
+    workers = max(1, min(num_proc or 1, len(jobs)))
     with tempfile.TemporaryDirectory(dir=out, prefix=".build-") as scratch:
         settings = dict(arguments, stats_dir=scratch, cls_id=special["[CLS]"], sep_id=special["[SEP]"])
         identity = [(str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in paths]
-        fingerprint = hashlib.sha256(repr((identity, file_info, arguments, len(tokenizer),
-                                           tokenizer.name_or_path)).encode()).hexdigest()[:16]
+        key = (identity, file_info, arguments, len(tokenizer), tokenizer.name_or_path)
+        fingerprint = hashlib.sha256(repr(key if part is None else (*key, part)).encode()).hexdigest()[:16]
         try:
             # A fresh cache_dir: the generator must really run so that the shard statistics get written.
             dataset = Dataset.from_generator(_generate, features=_features(static_masking),
@@ -343,19 +457,19 @@ def build_pretraining_dataset(files: list[str], tokenizer, output_dir: str, max_
             raise
         totals: dict[str, int] = {}
         stats_files = sorted(Path(scratch).glob("shard-*.json"))
-        if len(stats_files) != len(shards):
-            raise RuntimeError(f"{len(stats_files)} of {len(shards)} shards reported statistics")
+        if len(stats_files) != len(jobs):
+            raise RuntimeError(f"{len(stats_files)} of {len(jobs)} shards reported statistics")
         for stats_file in stats_files:
             for key, value in json.loads(stats_file.read_text()).items():
                 totals[key] = totals.get(key, 0) + value
         if totals["instances"] != len(dataset):
             raise RuntimeError(f"the dataset has {len(dataset)} rows but the shards made {totals['instances']}")
-        num_shards = max(workers, math.ceil(dataset.data.nbytes / (256 << 20)))
-        dataset.save_to_disk(str(out), num_shards=min(num_shards, len(dataset)))
+        arrow_files = max(workers, math.ceil(dataset.data.nbytes / (256 << 20)))
+        dataset.save_to_disk(str(out), num_shards=min(arrow_files, len(dataset)))
         del dataset
 
     instances = totals["instances"]
-    stats = {
+    return {
         "instances": instances,
         "not_next_share": totals["not_next"] / instances,
         "short_seq_share": totals["short_seq"] / instances,
@@ -368,7 +482,8 @@ def build_pretraining_dataset(files: list[str], tokenizer, output_dir: str, max_
         "skipped_empty_documents": totals["skipped_empty_documents"],
         "sentences": totals["sentences"],
         "skipped_empty_sentences": totals["skipped_empty_sentences"],
-        "shards": len(shards),
+        "shards": len(jobs),
+        **(part or {}),
         "files": [str(p) for p in paths],
         "formats": {name: info["format"] for name, info in file_info.items()},
         "not_utf8_files": {name: info["encoding"] for name, info in file_info.items() if info["encoding"] != "utf-8"},
@@ -378,8 +493,98 @@ def build_pretraining_dataset(files: list[str], tokenizer, output_dir: str, max_
         "tokenizer_vocab_size": len(tokenizer),
         "special_token_ids": special,
     }
-    atomic_write_text(out / STATS_FILE, json.dumps(stats, indent=2) + "\n")
-    return stats
+
+
+# ----------------------------------------------------------------------------- a folder of parts
+
+_PART = re.compile(r"part-(\d{5})-of-(\d{5})")
+_UNFINISHED_PART = re.compile(r"\.part-(\d{5})-of-(\d{5})\.tmp-\w+")
+# What every part of one build has in common (besides num_shards): a part that differs was built
+# from another corpus, plan or set of flags, and its rows do not continue the others'.
+PART_SETTINGS = ("max_seq_length", "seed", "dupe_factor", "static_masking", "balance_nsp", "tokenizer_vocab_size",
+                 "short_seq_prob", "whole_word_mask", "max_predictions_per_seq", "masked_lm_prob", "docs_per_shard",
+                 "corpus_shards", "plan_digest")
+
+
+def find_parts(path: str | Path) -> list[tuple[Path, dict]]:
+    """The parts of a folder written with num_shards (part-IIIII-of-NNNNN sub-folders), in part order,
+    each with its statistics; [] when the folder holds a dataset itself or no parts at all.
+
+    Raises ValueError when the parts are not one complete build: some of parts 0 to N-1 missing or
+    unfinished (named by index; hidden .part-*.tmp-* folders are builds killed or still running),
+    part folders of different N, or a part whose settings (PART_SETTINGS) differ from part 0's."""
+    folder = Path(path)
+    if not folder.is_dir():
+        return []
+    finished: dict[int, Path] = {}
+    counts: dict[int, list[str]] = {}
+    unfinished = []
+    for entry in sorted(folder.iterdir()):
+        if not entry.is_dir():
+            continue
+        if match := _PART.fullmatch(entry.name):
+            finished[int(match[1])] = entry
+            counts.setdefault(int(match[2]), []).append(entry.name)
+        elif _UNFINISHED_PART.fullmatch(entry.name):
+            unfinished.append(entry.name)
+    if (folder / "state.json").is_file():
+        if finished:
+            names = ", ".join(finished[i].name for i in sorted(finished))
+            raise ValueError(f"holds both a dataset (state.json) and part folders ({names}); keep one of them")
+        return []
+    if not finished and not unfinished:
+        return []
+    if len(counts) > 1:
+        raise ValueError("part folders of different builds: " + "; ".join(
+            f"{len(names)} of {n} parts ({names[0]}, ...)" for n, names in sorted(counts.items())))
+    total = next(iter(counts)) if counts else int(_UNFINISHED_PART.fullmatch(unfinished[0])[2])
+    beyond = [finished[i].name for i in sorted(finished) if i >= total]
+    if beyond:
+        raise ValueError(f"{', '.join(beyond)}: a part index must be below the number of parts")
+    missing = [i for i in range(total) if i not in finished or not (finished[i] / STATS_FILE).is_file()]
+    if missing:
+        shown = ", ".join(map(str, missing[:20])) + (f", ... ({len(missing)} in all)" if len(missing) > 20 else "")
+        raise ValueError(f"part(s) {shown} of {total} missing or unfinished (expected {part_name(total, 0)} to "
+                         f"{part_name(total, total - 1)}, each with {STATS_FILE})"
+                         + (f"; unfinished builds (killed, or still running): {', '.join(unfinished)}"
+                            if unfinished else ""))
+    parts = [(finished[i], json.loads((finished[i] / STATS_FILE).read_text())) for i in range(total)]
+    first_name, reference = parts[0][0].name, parts[0][1]
+    covered = 0
+    for index, (where, stats) in enumerate(parts):
+        if (stats.get("num_shards"), stats.get("shard_index")) != (total, index):
+            raise ValueError(f"{where.name}: its {STATS_FILE} says part {stats.get('shard_index')} of "
+                             f"{stats.get('num_shards')} parts (a renamed folder?)")
+        for key in PART_SETTINGS:
+            if stats.get(key) != reference.get(key):
+                raise ValueError(f"{where.name}: {key} {stats.get(key)!r} differs from {first_name}'s "
+                                 f"{reference.get(key)!r}: the parts come from different builds (rebuild it with "
+                                 "the same corpus and settings)")
+        first, end = stats.get("internal_shards", [None, None])
+        if first != covered:
+            raise ValueError(f"{where.name}: starts at internal shard {first}, not {covered} where the part before "
+                             "it ended")
+        covered = end
+    if covered != reference.get("corpus_shards"):
+        raise ValueError(f"the parts end at internal shard {covered} of {reference.get('corpus_shards')}")
+    return parts
+
+
+def load_parts(path: str | Path):
+    """The parts of a folder of parts (see `find_parts`, which checks them) loaded with
+    `datasets.load_from_disk` and concatenated in part order: the rows of the one-folder build."""
+    from datasets import concatenate_datasets, load_from_disk
+
+    parts = find_parts(path)
+    if not parts:
+        raise ValueError(f"{path}: no part-IIIII-of-NNNNN folders")
+    datasets = []
+    for where, stats in parts:
+        data = load_from_disk(str(where))
+        if len(data) != stats["instances"]:
+            raise ValueError(f"{where.name}: {len(data)} rows, but its {STATS_FILE} says {stats['instances']}")
+        datasets.append(data)
+    return concatenate_datasets(datasets) if len(datasets) > 1 else datasets[0]
 
 
 def format_stats(stats: dict) -> str:
@@ -394,7 +599,11 @@ def format_stats(stats: dict) -> str:
         f"skipped: {stats['skipped_empty_documents']:,} empty documents, {stats['skipped_empty_sentences']:,} "
         "sentences without tokens",
         *[f"not UTF-8, read as {encoding}: {name}" for name, encoding in stats.get("not_utf8_files", {}).items()],
+        *([f"part {stats['shard_index']} of parts 0-{stats['num_shards'] - 1}: internal shards "
+           f"{stats['internal_shards'][0]}-{stats['internal_shards'][1] - 1} of {stats['corpus_shards']}"]
+          if "shard_index" in stats else []),
     ])
 
 
-__all__ = ["build_pretraining_dataset", "format_stats", "instances_from_document", "plan_shards", "truncated_lengths"]
+__all__ = ["PART_SETTINGS", "build_part", "build_pretraining_dataset", "find_parts", "format_stats",
+           "instances_from_document", "load_parts", "part_name", "part_range", "plan_shards", "truncated_lengths"]
