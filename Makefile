@@ -20,7 +20,7 @@ $(BIN)/python:
 
 $(STAMP): pyproject.toml constraints.txt | $(BIN)/python
 	$(BIN)/python -m pip install --quiet $(TORCH_INDEX) "$(TORCH_SPEC)"
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[dev,postgres,onnx,dashboard]"
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[dev,postgres,onnx,dashboard,cluster]"
 	@# the dashboard's browser test drives Debian's chromium (playwright cannot download its own browser here)
 	@command -v chromium >/dev/null 2>&1 || { if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 		echo "installing Debian's chromium for the browser test"; \

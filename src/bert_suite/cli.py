@@ -480,19 +480,35 @@ def _glue_package(args: argparse.Namespace, rest: list[str]) -> None:
 def _tokenizer(args: argparse.Namespace, rest: list[str]) -> None:
     from .pretraining.tokenizer import train_tokenizer
 
-    tok = train_tokenizer(args.input, args.vocab_size, args.lowercase, args.output_dir, args.min_frequency)
-    print(f"wrote {args.output_dir}: WordPiece vocabulary of {len(tok)} tokens")
+    report: dict = {}
+    tok = train_tokenizer(args.input, args.vocab_size, args.lowercase, args.output_dir, args.min_frequency,
+                          num_proc=args.num_proc, max_word_types=args.max_word_types,
+                          dask_scheduler=args.dask_scheduler, report=report, count_task_bytes=args.count_task_bytes)
+    print(f"wrote {args.output_dir}: WordPiece vocabulary of {len(tok)} tokens from {report['word_types']:,} distinct "
+          f"words ({report['occurrences']:,} occurrences)")
+    if report["dropped_word_types"]:
+        print(f"--max_word_types {args.max_word_types:,}: dropped {report['dropped_word_types']:,} rarer distinct words "
+              f"with {report['dropped_occurrences']:,} occurrences ({report['dropped_share']:.2%} of all), the most "
+              f"frequent of them seen {report['dropped_max_count']:,} times")
 
 
 def _pretrain_data(args: argparse.Namespace, rest: list[str]) -> None:
-    from .pretraining.instances import build_pretraining_dataset, format_stats, part_name
+    from .pretraining.instances import build_parts_on_dask, build_pretraining_dataset, format_stats, part_name
 
-    stats = build_pretraining_dataset(
-        args.input, args.tokenizer, args.output_dir, max_seq_length=args.max_seq_length,
-        short_seq_prob=args.short_seq_prob, dupe_factor=args.dupe_factor, static_masking=args.static_masking,
-        max_predictions_per_seq=args.max_predictions_per_seq, masked_lm_prob=args.masked_lm_prob,
-        whole_word_mask=args.whole_word_mask, seed=args.seed, num_proc=args.num_proc, fmt=args.format,
-        balance_nsp=args.balance_nsp, num_shards=args.num_shards, shard_index=args.shard_index)
+    settings = dict(max_seq_length=args.max_seq_length, short_seq_prob=args.short_seq_prob,
+                    dupe_factor=args.dupe_factor, static_masking=args.static_masking,
+                    max_predictions_per_seq=args.max_predictions_per_seq, masked_lm_prob=args.masked_lm_prob,
+                    whole_word_mask=args.whole_word_mask, seed=args.seed, fmt=args.format,
+                    balance_nsp=args.balance_nsp, docs_per_shard=args.docs_per_shard)
+    if args.dask_scheduler:
+        if args.shard_index is not None or args.num_proc:
+            raise ValueError(f"--dask_scheduler builds every part on the cluster, one task each: leave out "
+                             f"{'--shard_index' if args.shard_index is not None else '--num_proc'}")
+        stats = build_parts_on_dask(args.input, args.tokenizer, args.output_dir, args.dask_scheduler,
+                                    args.num_shards, **settings)
+    else:
+        stats = build_pretraining_dataset(args.input, args.tokenizer, args.output_dir, num_proc=args.num_proc,
+                                          num_shards=args.num_shards or 1, shard_index=args.shard_index, **settings)
     if isinstance(stats, dict) and "shard_index" not in stats:  # one dataset in --output_dir, as before parts
         print(format_stats(stats))
         return

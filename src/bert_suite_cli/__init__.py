@@ -296,6 +296,17 @@ def build_parser() -> argparse.ArgumentParser:
     tok.add_argument("--lowercase", action="store_true", help="uncased vocabulary (as bert-base-uncased)")
     tok.add_argument("--min_frequency", type=int, default=2)
     tok.add_argument("--output_dir", required=True)
+    tok.add_argument("--num_proc", type=int, help="processes counting words (default: the machine's cores); the "
+                     "vocabulary is the same bytes for every value")
+    tok.add_argument("--max_word_types", type=int, metavar="N",
+                     help="cap the word table at the N most frequent distinct words (ties by text), for corpora "
+                     "whose distinct words would not fit in memory (in the spirit of sentencepiece's "
+                     "input_sentence_size): the table is cut back to N whenever it passes 2N, and what was dropped is "
+                     "reported and saved in tokenizer_report.json (default: no cap, every word counts)")
+    tok.add_argument("--dask_scheduler", metavar="ADDRESS",
+                     help="count words as tasks on this Dask cluster (e.g. tcp://scheduler:8786; every worker must "
+                     "read --input at the same path); needs pip install \"bert_suite[cluster]\"")
+    tok.add_argument("--count_task_bytes", type=int, default=32 << 20, help=argparse.SUPPRESS)  # tests: many tasks
     tok.set_defaults(func="_tokenizer")
 
     decon = sub.add_parser("decontaminate", help="drop corpus sentences that share an N-word sequence with "
@@ -335,13 +346,22 @@ def build_parser() -> argparse.ArgumentParser:
     data.add_argument("--num_proc", type=int, help="worker processes (default: 1)")
     data.add_argument("--format", default="auto", choices=["auto", "lines", "raw", "wikitext"],
                       help="input layout (auto detects)")
-    data.add_argument("--num_shards", type=int, default=1, metavar="N",
+    data.add_argument("--num_shards", type=int, metavar="N",
                       help="build the instances in N parts, each a dataset folder OUTPUT_DIR/part-IIIII-of-NNNNN "
                       "(a run of whole internal shards); in order they are the rows of the one-folder build, and "
-                      "the recipe takes OUTPUT_DIR as its data (default: 1, one dataset in OUTPUT_DIR)")
+                      "the recipe takes OUTPUT_DIR as its data (default: 1, one dataset in OUTPUT_DIR; with "
+                      "--dask_scheduler, the cluster's threads)")
     data.add_argument("--shard_index", type=int, metavar="I",
                       help="build only part I (0 to N-1) of --num_shards N, e.g. one per process or machine, "
                       "all into the same --output_dir (default: all N parts, one after another)")
+    data.add_argument("--docs_per_shard", type=int, default=2000,
+                      help="documents per internal shard (cut sooner at 16 MiB of text): a shard is built on its own "
+                      "and draws its NotNext segments from its own documents; the unit of --num_proc and of parts "
+                      "(default: 2000)")
+    data.add_argument("--dask_scheduler", metavar="ADDRESS",
+                      help="build the N parts as tasks on this Dask cluster (e.g. tcp://scheduler:8786); every worker "
+                      "must read --input and --tokenizer and write --output_dir at the same paths (a shared file "
+                      "system); needs pip install \"bert_suite[cluster]\"")
     data.set_defaults(func="_pretrain_data")
 
     corpus = sub.add_parser("corpus", help="write the embedded corpus (stdlib documentation), or a task's train "

@@ -390,6 +390,32 @@ def build_part(files: list[str], tokenizer, output_dir: str, num_shards: int, sh
                                      **settings)
 
 
+def build_parts_on_dask(files: list[str], tokenizer: str, output_dir: str, address: str,
+                        num_shards: int | None = None, **settings) -> list[dict]:
+    """Build the parts of the corpus as Dask tasks on the cluster at `address` (one `build_part` per
+    task, num_proc 1 in each) and return their statistics in part order. `num_shards`: default the
+    cluster's threads, at most the corpus's internal shards. `tokenizer` is a path every worker can
+    read, as are `files` and `output_dir`. The parts in order are the one-process build's rows."""
+    from .cluster import dask_client, run_in_order, total_threads
+
+    paths = check_input_files(files)
+    if not isinstance(tokenizer, (str, Path)):
+        raise ValueError("--dask_scheduler: give --tokenizer as a path the workers can read")
+    client = dask_client(address)
+    try:
+        if num_shards is None:
+            shards, _, _ = plan_shards(paths, settings.get("fmt", "auto"), settings.get("docs_per_shard", 2000),
+                                       SHARD_BYTES)
+            num_shards = max(1, min(total_threads(client), len(shards)))
+        settings = {**settings, "num_proc": 1}
+        names = [str(p.resolve()) for p in paths]
+        return list(run_in_order(client, build_part, [names] * num_shards, [str(tokenizer)] * num_shards,
+                                 [str(Path(output_dir).resolve())] * num_shards, [num_shards] * num_shards,
+                                 list(range(num_shards)), **settings))
+    finally:
+        client.close()
+
+
 def _build_part(jobs: list, out: Path, num_shards: int, index: int, digest: str, build: dict) -> dict:
     first, end = part_range(num_shards, index, len(jobs))
     name = part_name(num_shards, index)

@@ -198,17 +198,27 @@ def file_encoding(path: str | Path) -> str:
             with open(path, "rb") as f:
                 while block := f.read(1 << 22):
                     if encoding == "utf-8" and (nul := block.find(b"\x00")) >= 0:
-                        raise ValueError(f"{path}: byte {offset + nul}: a NUL byte, so not a text corpus (a binary "
-                                         "file, or UTF-16 text); expected a text file in UTF-8 or Windows-1252")
+                        raise ValueError(f"{path}: {_where(path, offset + nul)}: a NUL byte, so not a text corpus "
+                                         "(a binary file, or UTF-16 text); expected a text file in UTF-8 or "
+                                         "Windows-1252")
                     decoder.decode(block)
                     offset += len(block)
                 decoder.decode(b"", final=True)
             return encoding
         except UnicodeDecodeError as err:
             if encoding == "utf-8":
-                first_error = f"byte {offset + err.start}: {err.reason}"
+                first_error = f"{_where(path, offset + err.start)}: {err.reason}"
     raise ValueError(f"{path}: {first_error}: the file is neither UTF-8 nor Windows-1252 text; expected a text file "
                      "(a binary file?)")
+
+
+def _where(path: str | Path, offset: int) -> str:
+    """`line L (byte B)` of a byte offset, for error messages."""
+    with open(path, "rb") as f:
+        line = 1
+        while offset > f.tell():
+            line += f.read(min(1 << 22, offset - f.tell())).count(b"\n")
+    return f"line {line} (byte {offset})"
 
 
 def read_piece(path: str, fmt: str, encoding: str, start: int, end: int) -> Iterator[list[str]]:

@@ -14,20 +14,27 @@ corpus and flags give the same files, byte for byte. Normalisation and pre-token
 from __future__ import annotations
 
 import heapq
+import json
+import os
 from collections import Counter, defaultdict
-from itertools import islice
 from pathlib import Path
 
 from tqdm.auto import tqdm
 
 from ..io import atomic_write_text
 from ..tokenization import SPECIAL_TOKENS
+from .cluster import dask_client, run_in_order
 from .text_files import check_input_files, file_encoding
 
 PREFIX = "##"
+REPORT_FILE = "tokenizer_report.json"  # what was counted (and dropped by a cap), beside the vocabulary
+TASK_BYTES = 32 << 20  # text per counting task (a worker's unit; the same for every num_proc)
+BLOCK_BYTES = 4 << 20  # text a task splits at once (its peak memory is a few times this)
 
 
-def train_tokenizer(files: list[str], vocab_size: int, lowercase: bool, output_dir: str, min_frequency: int = 2):
+def train_tokenizer(files: list[str], vocab_size: int, lowercase: bool, output_dir: str, min_frequency: int = 2,
+                    num_proc: int | None = None, max_word_types: int | None = None, dask_scheduler: str | None = None,
+                    report: dict | None = None, count_task_bytes: int = TASK_BYTES):
     """Train a BERT WordPiece tokenizer on text files and save it to `output_dir` (loadable with
     `AutoTokenizer.from_pretrained(output_dir)`, plus a `vocab.txt` for tools that want one).
 
@@ -35,8 +42,15 @@ def train_tokenizer(files: list[str], vocab_size: int, lowercase: bool, output_d
     corpus (as a word start and as a `##` continuation, most frequent first), then the merged
     pieces in the order they were learned. `lowercase` also strips accents, as in the released
     uncased BERT vocabularies. A pair seen fewer than `min_frequency` times is never merged.
-    Returns the saved transformers tokenizer."""
-    from tokenizers import Tokenizer, decoders, normalizers, pre_tokenizers, processors
+
+    Words are counted in `num_proc` processes (default: the machine's cores), or as tasks on the
+    Dask cluster at `dask_scheduler` (e.g. tcp://scheduler:8786); the files are streamed, so
+    memory is the word table plus a few blocks of text per process, and the output is the same
+    bytes for every num_proc and route. `max_word_types` caps the word table (the most frequent
+    words are kept; see `count_words`), for corpora whose distinct words would not fit in memory.
+    `report`, when given, receives the counting report (distinct words, dropped words and their
+    occurrences). Returns the saved transformers tokenizer."""
+    from tokenizers import Tokenizer, decoders, processors
     from tokenizers.models import WordPiece
     from transformers import BertTokenizer
 
@@ -46,14 +60,29 @@ def train_tokenizer(files: list[str], vocab_size: int, lowercase: bool, output_d
                          f"tokens and one more), got {vocab_size}")
     if min_frequency < 1:
         raise ValueError(f"min_frequency must be at least 1, got {min_frequency}")
+    if max_word_types is not None and max_word_types < vocab_size:
+        raise ValueError(f"max_word_types {max_word_types} is below vocab_size {vocab_size}: the word table must "
+                         "hold at least as many words as the vocabulary has pieces (the cap is for corpora with "
+                         "millions of distinct words; try 10 x vocab_size or more)")
+    num_proc = num_proc or os.cpu_count() or 1
+    if num_proc < 1:
+        raise ValueError(f"num_proc must be at least 1, got {num_proc}")
 
-    normalizer = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True,
-                                            strip_accents=lowercase, lowercase=lowercase)
-    pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    words = count_words(paths, normalizer, pre_tokenizer)
+    client = dask_client(dask_scheduler) if dask_scheduler else None
+    try:
+        words, counted = count_words(paths, lowercase, num_proc, max_word_types, client, count_task_bytes)
+    finally:
+        if client is not None:
+            client.close()
     if not words:
         raise ValueError(f"{', '.join(map(str, paths))}: no words to learn a vocabulary from")
+    counted["word_types"] = len(words)
+    if report is not None:
+        report.update(counted)
     tokens = learn_wordpieces(words, vocab_size, min_frequency)
+    del words
+
+    normalizer, pre_tokenizer = _bert_pipeline(lowercase)
 
     backend = Tokenizer(WordPiece(vocab={t: i for i, t in enumerate(tokens)}, unk_token="[UNK]",
                                   continuing_subword_prefix=PREFIX))
@@ -74,25 +103,130 @@ def train_tokenizer(files: list[str], vocab_size: int, lowercase: bool, output_d
     out.mkdir(parents=True, exist_ok=True)
     tokenizer.save_pretrained(str(out))
     atomic_write_text(out / "vocab.txt", "".join(f"{t}\n" for t in tokens))
+    atomic_write_text(out / REPORT_FILE, json.dumps({"files": [str(p) for p in paths], "vocab_size": vocab_size,
+                                                      "lowercase": lowercase, "min_frequency": min_frequency,
+                                                      **counted}, indent=2) + "\n")
     return tokenizer
 
 
-def count_words(paths: list[Path], normalizer, pre_tokenizer, batch_lines: int = 2000) -> Counter:
-    """How often each pre-tokenised word (after normalisation) occurs in the files. Lines are
-    normalised in batches joined by newlines: a word never spans a line break."""
-    counts: Counter = Counter()
-    with tqdm(total=sum(p.stat().st_size for p in paths), unit="B", unit_scale=True, desc="counting words",
-              mininterval=1) as bar:
-        for path in paths:
-            encoding = file_encoding(path)
-            with open(path, encoding="utf-8-sig" if encoding == "utf-8" else encoding, newline="\n") as f:
-                while True:
-                    text = "".join(islice(f, batch_lines))
-                    if not text:
-                        break
-                    counts.update(w for w, _ in pre_tokenizer.pre_tokenize_str(normalizer.normalize_str(text)))
-                    bar.update(len(text.encode(encoding, errors="replace")))
-    return counts
+# Characters BertNormalizer(clean_text=True) deletes that Python's str.split() takes for white space:
+# they are removed before splitting, so that the split is exactly the normaliser's.
+_DELETED_SPACES = dict.fromkeys(map(ord, "\x0b\x0c\x1c\x1d\x1e\x1f\x85"))
+
+
+def plan_count_tasks(paths: list[Path], task_bytes: int = TASK_BYTES) -> list[tuple[str, str, int, int]]:
+    """(path, encoding, start byte, end byte) ranges of ~task_bytes that start and end at line
+    breaks, covering every file once (a UTF-8 BOM left out). The ranges depend on the files only."""
+    tasks = []
+    for path in paths:
+        encoding, size = file_encoding(path), path.stat().st_size
+        with open(path, "rb") as f:
+            start = 3 if f.read(3) == b"\xef\xbb\xbf" else 0
+            while start < size:
+                f.seek(min(start + task_bytes, size))
+                f.readline()  # to the end of the line the cut falls in
+                end = min(f.tell(), size)
+                tasks.append((str(path), encoding, start, end))
+                start = end
+    return tasks
+
+
+def count_task(path: str, encoding: str, start: int, end: int, lowercase: bool) -> Counter:
+    """How often each word (normalised and pre-tokenised as the saved tokenizer will do it) occurs
+    in bytes [start, end) of a file. The text is split at white space in C (str.split) and counted;
+    only the distinct tokens then go through the normaliser and the pre-tokeniser, which is exact
+    because both act within white-space-separated tokens (BertNormalizer maps each character on
+    its own, NFD never reorders across a space, and BertPreTokenizer splits at white space first)."""
+    normalizer, pre_tokenizer = _bert_pipeline(lowercase)
+    tokens: Counter = Counter()
+    with open(path, "rb") as f:
+        f.seek(start)
+        while f.tell() < end:
+            data = f.read(min(BLOCK_BYTES, end - f.tell()))
+            if f.tell() < end:
+                data += f.readline()  # whole lines only (a block never ends inside a character)
+            text = data.decode(encoding).translate(_DELETED_SPACES)
+            if lowercase and text.isascii():
+                text = text.lower()  # the whole block in C; ASCII lower-casing is the normaliser's
+            tokens.update(text.split())
+    words: Counter = Counter()
+    for token, count in tokens.items():
+        if token.isascii() and token.isprintable():
+            normal = token.lower() if lowercase else token
+        else:  # accents, CJK, control characters: the normaliser itself
+            normal = normalizer.normalize_str(token)
+        if normal.isalnum():  # no punctuation inside (BERT's punctuation is never alphanumeric)
+            words[normal] += count
+        else:
+            for word, _ in pre_tokenizer.pre_tokenize_str(normal):
+                words[word] += count
+    return words
+
+
+def _bert_pipeline(lowercase: bool):
+    from tokenizers import normalizers, pre_tokenizers
+
+    normalizer = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True,
+                                            strip_accents=lowercase, lowercase=lowercase)
+    return normalizer, pre_tokenizers.BertPreTokenizer()
+
+
+def count_words(paths: list[Path], lowercase: bool, num_proc: int = 1, max_word_types: int | None = None,
+                dask_client=None, task_bytes: int = TASK_BYTES) -> tuple[Counter, dict]:
+    """(word counts, report) for the files. The counting tasks run in `num_proc` processes (or as
+    tasks on a Dask cluster) and their counts are summed in task order, so the table is the same
+    for every num_proc. `max_word_types`: when the table grows past twice the cap it is cut to the
+    cap's most frequent words (ties by text), at the same points of the task order whatever the
+    num_proc; the report says how many distinct words and occurrences were dropped."""
+    tasks = plan_count_tasks(paths, task_bytes)
+    total: Counter = Counter()
+    report = {"tasks": len(tasks), "occurrences": 0, "max_word_types": max_word_types, "dropped_word_types": 0,
+              "dropped_occurrences": 0, "dropped_max_count": 0, "pruned": 0}
+    bar = tqdm(total=sum(end - start for _, _, start, end in tasks), unit="B", unit_scale=True,
+               desc="counting words", mininterval=1)
+    for (_, _, start, end), counts in zip(tasks, _run_tasks(tasks, lowercase, num_proc, dask_client), strict=True):
+        total.update(counts)
+        report["occurrences"] += sum(counts.values())
+        bar.update(end - start)
+        if max_word_types and len(total) > 2 * max_word_types:
+            _prune(total, max_word_types, report)
+    bar.close()
+    if max_word_types and len(total) > max_word_types:
+        _prune(total, max_word_types, report)
+    report["dropped_share"] = report["dropped_occurrences"] / max(report["occurrences"], 1)
+    return total, report
+
+
+def _prune(table: Counter, keep: int, report: dict) -> None:
+    ranked = sorted(table.items(), key=lambda item: (-item[1], item[0]))
+    for word, count in ranked[keep:]:
+        del table[word]
+        report["dropped_occurrences"] += count
+    if len(ranked) > keep:
+        report["dropped_max_count"] = max(report["dropped_max_count"], ranked[keep][1])
+    report["dropped_word_types"] += len(ranked) - keep
+    report["pruned"] += 1
+
+
+def _run_tasks(tasks, lowercase: bool, num_proc: int, dask_client):
+    """The counts of each task, in task order."""
+    if dask_client is not None:
+        yield from run_in_order(dask_client, count_task, *zip(*tasks, strict=True), [lowercase] * len(tasks))
+        return
+    if num_proc <= 1 or len(tasks) == 1:
+        for task in tasks:
+            yield count_task(*task, lowercase)
+        return
+    import multiprocessing
+
+    # fork where there is one: a worker starts at once instead of importing the package anew
+    method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+    with multiprocessing.get_context(method).Pool(min(num_proc, len(tasks))) as pool:
+        yield from pool.imap(_count_packed, [(*task, lowercase) for task in tasks])
+
+
+def _count_packed(args) -> Counter:
+    return count_task(*args)
 
 
 def learn_wordpieces(word_counts: dict[str, int], vocab_size: int, min_frequency: int = 2,
@@ -105,76 +239,110 @@ def learn_wordpieces(word_counts: dict[str, int], vocab_size: int, min_frequency
     adjacent pair in every word (`t` + `##h` -> `th`, `##i` + `##n` -> `##in`), left to right;
     ties go to the pair (left, right) that sorts first, so the result depends on the counts
     alone. Two pairs can spell the same piece (`th` + `##e`, `t` + `##he`); the piece is listed
-    once. Pair counts are updated only in the words a merge touches, and the most frequent pair
-    is kept in a heap whose stale entries are skipped when popped."""
+    once.
+
+    The work scales with the words a merge touches, not with all words: each pair keeps the list
+    of words it occurs in, a merge updates only the pairs around the positions it joins, and the
+    most frequent pair comes from a heap. A pair whose count fell keeps its old, higher entry until
+    that entry reaches the top, where it is put back with its current count (or dropped below
+    `min_frequency`): every pair always has an entry at least as high as its count, so the first
+    entry popped that matches its pair's count is the true maximum."""
+    symbol_of: dict[str, str] = {}  # one string object per symbol: words share them
     words: list[list[str]] = []
     freqs: list[int] = []
     alphabet: Counter = Counter()
     for word, count in sorted(word_counts.items()):
-        symbols = [word[0], *(PREFIX + c for c in word[1:])]
+        symbols = [symbol_of.setdefault(word[0], word[0])]
+        for c in word[1:]:
+            symbol = PREFIX + c
+            symbols.append(symbol_of.setdefault(symbol, symbol))
         words.append(symbols)
         freqs.append(count)
         for symbol in symbols:
             alphabet[symbol] += count
+    del symbol_of
     vocab = [*specials, *sorted((s for s in alphabet if s not in specials), key=lambda s: (-alphabet[s], s))]
     known = set(vocab)
     pair_counts: defaultdict[tuple[str, str], int] = defaultdict(int)
-    pair_words: defaultdict[tuple[str, str], set[int]] = defaultdict(set)
+    pair_words: defaultdict[tuple[str, str], list[int]] = defaultdict(list)  # may repeat a word: harmless
     for i, symbols in enumerate(words):
         for pair in zip(symbols, symbols[1:], strict=False):
             pair_counts[pair] += freqs[i]
-            pair_words[pair].add(i)
-    heap = [(-count, a, b) for (a, b), count in pair_counts.items()]
+            pair_words[pair].append(i)
+    heap = [(-count, a, b) for (a, b), count in pair_counts.items() if count >= min_frequency]
     heapq.heapify(heap)
     with tqdm(total=max(0, vocab_size - len(vocab)), desc="learning wordpieces", unit="piece", mininterval=1) as bar:
         while len(vocab) < vocab_size and heap:
             negative, a, b = heapq.heappop(heap)
-            if pair_counts.get((a, b)) != -negative:
-                continue  # a stale entry: the pair's count changed since it was pushed
-            if -negative < min_frequency:
+            count = pair_counts.get((a, b), 0)
+            if count != -negative:  # a stale entry: the pair's count fell since it was pushed
+                if count >= min_frequency:
+                    heapq.heappush(heap, (-count, a, b))
+                continue
+            if count < min_frequency:
                 break
             piece = a + b[len(PREFIX):]
             if piece not in known:
                 vocab.append(piece)
                 known.add(piece)
                 bar.update(1)
-            changed = set()
+            grown: set[tuple[str, str]] = set()
             for i in pair_words.pop((a, b)):
-                old, count = words[i], freqs[i]
-                new = _merge(old, a, b, piece)
-                if new is old:
-                    continue  # the word lost this pair to an earlier merge
-                for pair in zip(old, old[1:], strict=False):
-                    pair_counts[pair] -= count
-                    changed.add(pair)
-                for pair in zip(new, new[1:], strict=False):
-                    pair_counts[pair] += count
-                    pair_words[pair].add(i)
-                    changed.add(pair)
-                words[i] = new
-            del pair_counts[(a, b)]
-            changed.discard((a, b))
-            for pair in changed:
-                count = pair_counts[pair]
-                if count > 0:
-                    heapq.heappush(heap, (-count, *pair))
+                old = words[i]
+                starts = _find_pair(old, a, b)
+                if not starts:
+                    continue  # listed twice, or the word lost this pair to an earlier merge
+                freq = freqs[i]
+                # Only the pairs that touch a joined position change: those of the old word go, those
+                # of the new word around each new piece come (the rest map one to one).
+                if len(starts) == 1:
+                    j = starts[0]
+                    new = [*old[:j], piece, *old[j + 2:]]
+                    gone = range(max(j - 1, 0), min(j + 2, len(old) - 1))
+                    come = range(max(j - 1, 0), min(j + 1, len(new) - 1))
                 else:
-                    del pair_counts[pair]
-                    pair_words.pop(pair, None)
+                    new = old[: starts[0]]
+                    for k, j in enumerate(starts):
+                        new.append(piece)
+                        new.extend(old[j + 2: starts[k + 1] if k + 1 < len(starts) else None])
+                    gone = sorted({k for j in starts for k in (j - 1, j, j + 1) if 0 <= k < len(old) - 1})
+                    come = sorted({k for n, j in enumerate(starts) for k in (j - n - 1, j - n)
+                                   if 0 <= k < len(new) - 1})
+                for k in gone:
+                    pair = (old[k], old[k + 1])
+                    left = pair_counts[pair] - freq
+                    if left:
+                        pair_counts[pair] = left
+                    else:
+                        del pair_counts[pair]
+                        pair_words.pop(pair, None)
+                for k in come:
+                    pair = (new[k], new[k + 1])
+                    pair_counts[pair] += freq
+                    pair_words[pair].append(i)
+                    grown.add(pair)
+                words[i] = new
+            pair_counts.pop((a, b), None)
+            pair_words.pop((a, b), None)
+            for pair in grown:
+                count = pair_counts.get(pair, 0)
+                if count >= min_frequency:
+                    heapq.heappush(heap, (-count, *pair))
     return vocab
 
 
-def _merge(symbols: list[str], a: str, b: str, piece: str) -> list[str]:
-    """`symbols` with every adjacent (a, b) joined into `piece`, left to right; the same list
-    object when there is none."""
-    out: list[str] = []
-    i, n, merged = 0, len(symbols), False
-    while i < n:
-        if i + 1 < n and symbols[i] == a and symbols[i + 1] == b:
-            out.append(piece)
+def _find_pair(symbols: list[str], a: str, b: str) -> list[int]:
+    """The positions of the left halves of the adjacent (a, b) pairs in `symbols` that a merge
+    joins, left to right and without overlap (`a a a` holds one (a, a) to join, at 0)."""
+    starts: list[int] = []
+    i, last = 0, len(symbols) - 1
+    while True:
+        try:
+            i = symbols.index(a, i, last)  # in C: a word rarely holds `a` more than once
+        except ValueError:
+            return starts
+        if symbols[i + 1] == b:
+            starts.append(i)
             i += 2
-            merged = True
         else:
-            out.append(symbols[i])
             i += 1
-    return out if merged else symbols
