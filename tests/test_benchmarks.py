@@ -2,6 +2,7 @@
 benchmark's rows (same batches, same loss without dropout, ours does less work), and the GPU
 benchmark's variants run on CPU; clean skips when the data or the GPU is absent."""
 
+import math
 import random
 import sys
 from pathlib import Path
@@ -114,3 +115,40 @@ def test_compile_benchmark_rows_on_cpu(tmp_path, monkeypatch):
     assert all(r["steps_per_s"] > 0 and r["attention"] for r in rows.values())
     assert rows["pretrain", "stock"]["vs_stock_eager"] == pytest.approx(1.0)
     assert (tmp_path / "compile_speed.json").is_file()
+
+
+def test_zipf_corpus_is_deterministic_nested_and_grows_its_vocabulary_as_heaps_law(tmp_path):
+    import zipf_corpus
+
+    small = zipf_corpus.write_zipf_corpus(tmp_path / "a.txt", 400_000, seed=0)
+    again = zipf_corpus.write_zipf_corpus(tmp_path / "b.txt", 400_000, seed=0)
+    large = zipf_corpus.write_zipf_corpus(tmp_path / "c.txt", 1_600_000, seed=0)
+    assert (tmp_path / "a.txt").read_bytes() == (tmp_path / "b.txt").read_bytes() and small == again
+    assert (tmp_path / "c.txt").read_bytes().startswith((tmp_path / "a.txt").read_bytes())  # one seed: nested
+    growth = large["distinct_words"] / small["distinct_words"]
+    exponent = math.log(growth) / math.log(large["words"] / small["words"])
+    assert 0.5 < exponent < 0.9, exponent  # Heaps' law, as in web text; not linear, not flat
+    text = (tmp_path / "a.txt").read_text()
+    assert "\n\n" in text and text.split("\n", 1)[0].endswith(".")  # documents of sentences, the lines format
+
+
+def test_pipeline_scale_summary_checks_the_goals_from_the_rows():
+    import pipeline_scale
+
+    def row(corpus, size, stage, tool, p, seconds, peak, worker=None):
+        return {"corpus": corpus, "bytes": size, "stage": stage, "tool": tool, "num_proc": p, "seconds": seconds,
+                "peak_mib": peak, "worker_peak_mib": worker or peak}
+
+    rows = [row("zipf_100mb", 10**8, "instances", "bert_suite", 2, 40, 900, 400),
+            row("zipf_1000mb", 10**9, "instances", "bert_suite", 2, 440, 950, 420),
+            row("zipf_1000mb", 10**9, "vocabulary", "bert_suite", 2, 300, 2000),
+            row("zipf_1000mb", 10**9, "vocabulary", "tokenizers", 2, 250, 2500),
+            row("zipf_100mb", 10**8, "instances", "bert_suite", 1, 70, 500),
+            row("real", 2 * 10**7, "instances", "bert_suite", 1, 7, 500)]
+    summary = pipeline_scale.summarise(rows)
+    assert summary["vocabulary_zipf_1000mb_np2"] == {"time_ratio_ours_over_tokenizers": 1.2,
+                                                    "memory_ratio_ours_over_tokenizers": 0.8}
+    assert summary["instances_np2"] == {"time_per_byte_ratio_large_over_small": 1.1,
+                                        "worker_memory_ratio_large_over_small": 1.05}
+    assert summary["instances_parallel_efficiency_zipf_100mb"] == 0.875
+    assert "instances_np1" not in summary  # one size only: no slope

@@ -306,7 +306,7 @@ def build_parser() -> argparse.ArgumentParser:
     tok.add_argument("--dask_scheduler", metavar="ADDRESS",
                      help="count words as tasks on this Dask cluster (e.g. tcp://scheduler:8786; every worker must "
                      "read --input at the same path); needs pip install \"bert_suite[cluster]\"")
-    tok.add_argument("--count_task_bytes", type=int, default=32 << 20, help=argparse.SUPPRESS)  # tests: many tasks
+    tok.add_argument("--count_task_bytes", type=int, help=argparse.SUPPRESS)  # tests: many tasks
     tok.set_defaults(func="_tokenizer")
 
     decon = sub.add_parser("decontaminate", help="drop corpus sentences that share an N-word sequence with "

@@ -28,13 +28,14 @@ from .text_files import check_input_files, file_encoding
 
 PREFIX = "##"
 REPORT_FILE = "tokenizer_report.json"  # what was counted (and dropped by a cap), beside the vocabulary
-TASK_BYTES = 32 << 20  # text per counting task (a worker's unit; the same for every num_proc)
+TASK_BYTES = 32 << 20  # text per counting task at most (a worker's unit; the same for every num_proc)
+MIN_TASK_BYTES = 4 << 20  # ... and at least, unless a file is smaller: a corpus is cut into ~16 tasks or more
 BLOCK_BYTES = 4 << 20  # text a task splits at once (its peak memory is a few times this)
 
 
 def train_tokenizer(files: list[str], vocab_size: int, lowercase: bool, output_dir: str, min_frequency: int = 2,
                     num_proc: int | None = None, max_word_types: int | None = None, dask_scheduler: str | None = None,
-                    report: dict | None = None, count_task_bytes: int = TASK_BYTES):
+                    report: dict | None = None, count_task_bytes: int | None = None):
     """Train a BERT WordPiece tokenizer on text files and save it to `output_dir` (loadable with
     `AutoTokenizer.from_pretrained(output_dir)`, plus a `vocab.txt` for tools that want one).
 
@@ -79,8 +80,7 @@ def train_tokenizer(files: list[str], vocab_size: int, lowercase: bool, output_d
     counted["word_types"] = len(words)
     if report is not None:
         report.update(counted)
-    tokens = learn_wordpieces(words, vocab_size, min_frequency)
-    del words
+    tokens = learn_wordpieces(words, vocab_size, min_frequency, clear_input=True)
 
     normalizer, pre_tokenizer = _bert_pipeline(lowercase)
 
@@ -114,9 +114,14 @@ def train_tokenizer(files: list[str], vocab_size: int, lowercase: bool, output_d
 _DELETED_SPACES = dict.fromkeys(map(ord, "\x0b\x0c\x1c\x1d\x1e\x1f\x85"))
 
 
-def plan_count_tasks(paths: list[Path], task_bytes: int = TASK_BYTES) -> list[tuple[str, str, int, int]]:
+def plan_count_tasks(paths: list[Path], task_bytes: int | None = None) -> list[tuple[str, str, int, int]]:
     """(path, encoding, start byte, end byte) ranges of ~task_bytes that start and end at line
-    breaks, covering every file once (a UTF-8 BOM left out). The ranges depend on the files only."""
+    breaks, covering every file once (a UTF-8 BOM left out). Default size: a sixteenth of the
+    corpus within [4, 32] MiB, so that small corpora use several processes too. The ranges depend
+    on the files only, never on the number of processes."""
+    if task_bytes is None:
+        total = sum(p.stat().st_size for p in paths)
+        task_bytes = min(TASK_BYTES, max(MIN_TASK_BYTES, total // 16))
     tasks = []
     for path in paths:
         encoding, size = file_encoding(path), path.stat().st_size
@@ -172,7 +177,7 @@ def _bert_pipeline(lowercase: bool):
 
 
 def count_words(paths: list[Path], lowercase: bool, num_proc: int = 1, max_word_types: int | None = None,
-                dask_client=None, task_bytes: int = TASK_BYTES) -> tuple[Counter, dict]:
+                dask_client=None, task_bytes: int | None = None) -> tuple[Counter, dict]:
     """(word counts, report) for the files. The counting tasks run in `num_proc` processes (or as
     tasks on a Dask cluster) and their counts are summed in task order, so the table is the same
     for every num_proc. `max_word_types`: when the table grows past twice the cap it is cut to the
@@ -230,7 +235,7 @@ def _count_packed(args) -> Counter:
 
 
 def learn_wordpieces(word_counts: dict[str, int], vocab_size: int, min_frequency: int = 2,
-                     specials: tuple[str, ...] = SPECIAL_TOKENS) -> list[str]:
+                     specials: tuple[str, ...] = SPECIAL_TOKENS, clear_input: bool = False) -> list[str]:
     """The vocabulary, in id order: `specials`, the alphabet (by frequency, ties by text), then
     one piece per merge until `vocab_size` pieces or no pair is seen `min_frequency` times. The
     whole alphabet is always kept, so a corpus with more characters than `vocab_size` gives more.
@@ -246,12 +251,16 @@ def learn_wordpieces(word_counts: dict[str, int], vocab_size: int, min_frequency
     most frequent pair comes from a heap. A pair whose count fell keeps its old, higher entry until
     that entry reaches the top, where it is put back with its current count (or dropped below
     `min_frequency`): every pair always has an entry at least as high as its count, so the first
-    entry popped that matches its pair's count is the true maximum."""
+    entry popped that matches its pair's count is the true maximum. `clear_input` empties
+    `word_counts` once read (its memory is free for the merges)."""
     symbol_of: dict[str, str] = {}  # one string object per symbol: words share them
     words: list[list[str]] = []
     freqs: list[int] = []
     alphabet: Counter = Counter()
-    for word, count in sorted(word_counts.items()):
+    ordered = sorted(word_counts.items())
+    if clear_input:
+        word_counts.clear()
+    for word, count in ordered:
         symbols = [symbol_of.setdefault(word[0], word[0])]
         for c in word[1:]:
             symbol = PREFIX + c
@@ -260,7 +269,7 @@ def learn_wordpieces(word_counts: dict[str, int], vocab_size: int, min_frequency
         freqs.append(count)
         for symbol in symbols:
             alphabet[symbol] += count
-    del symbol_of
+    del symbol_of, ordered
     vocab = [*specials, *sorted((s for s in alphabet if s not in specials), key=lambda s: (-alphabet[s], s))]
     known = set(vocab)
     pair_counts: defaultdict[tuple[str, str], int] = defaultdict(int)
@@ -294,29 +303,36 @@ def learn_wordpieces(word_counts: dict[str, int], vocab_size: int, min_frequency
                     continue  # listed twice, or the word lost this pair to an earlier merge
                 freq = freqs[i]
                 # Only the pairs that touch a joined position change: those of the old word go, those
-                # of the new word around each new piece come (the rest map one to one).
-                if len(starts) == 1:
+                # of the new word around each new piece come (the rest map one to one). (a, b) itself
+                # is dropped whole after the loop.
+                if len(starts) == 1:  # nearly always: one join, its left and right neighbours
                     j = starts[0]
-                    new = [*old[:j], piece, *old[j + 2:]]
-                    gone = range(max(j - 1, 0), min(j + 2, len(old) - 1))
-                    come = range(max(j - 1, 0), min(j + 1, len(new) - 1))
-                else:
-                    new = old[: starts[0]]
-                    for k, j in enumerate(starts):
-                        new.append(piece)
-                        new.extend(old[j + 2: starts[k + 1] if k + 1 < len(starts) else None])
-                    gone = sorted({k for j in starts for k in (j - 1, j, j + 1) if 0 <= k < len(old) - 1})
-                    come = sorted({k for n, j in enumerate(starts) for k in (j - n - 1, j - n)
-                                   if 0 <= k < len(new) - 1})
-                for k in gone:
-                    pair = (old[k], old[k + 1])
-                    left = pair_counts[pair] - freq
-                    if left:
-                        pair_counts[pair] = left
-                    else:
-                        del pair_counts[pair]
-                        pair_words.pop(pair, None)
-                for k in come:
+                    new = old[:j]
+                    new.append(piece)
+                    new += old[j + 2:]
+                    if j:
+                        x = old[j - 1]
+                        _take(pair_counts, pair_words, (x, a), freq)
+                        pair = (x, piece)
+                        pair_counts[pair] += freq
+                        pair_words[pair].append(i)
+                        grown.add(pair)
+                    if j + 2 < len(old):
+                        y = old[j + 2]
+                        _take(pair_counts, pair_words, (b, y), freq)
+                        pair = (piece, y)
+                        pair_counts[pair] += freq
+                        pair_words[pair].append(i)
+                        grown.add(pair)
+                    words[i] = new
+                    continue
+                new = old[: starts[0]]
+                for k, j in enumerate(starts):
+                    new.append(piece)
+                    new.extend(old[j + 2: starts[k + 1] if k + 1 < len(starts) else None])
+                for k in sorted({k for j in starts for k in (j - 1, j, j + 1) if 0 <= k < len(old) - 1}):
+                    _take(pair_counts, pair_words, (old[k], old[k + 1]), freq)
+                for k in sorted({k for n, j in enumerate(starts) for k in (j - n - 1, j - n) if 0 <= k < len(new) - 1}):
                     pair = (new[k], new[k + 1])
                     pair_counts[pair] += freq
                     pair_words[pair].append(i)
@@ -329,6 +345,16 @@ def learn_wordpieces(word_counts: dict[str, int], vocab_size: int, min_frequency
                 if count >= min_frequency:
                     heapq.heappush(heap, (-count, *pair))
     return vocab
+
+
+def _take(pair_counts: dict, pair_words: dict, pair: tuple[str, str], freq: int) -> None:
+    """Lower a pair's count by `freq`; a pair seen nowhere any more is forgotten."""
+    left = pair_counts[pair] - freq
+    if left:
+        pair_counts[pair] = left
+    else:
+        del pair_counts[pair]
+        pair_words.pop(pair, None)
 
 
 def _find_pair(symbols: list[str], a: str, b: str) -> list[int]:

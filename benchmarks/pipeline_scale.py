@@ -1,0 +1,308 @@
+# Command: .venv/bin/python benchmarks/pipeline_scale.py [--sizes_mb 100 300 1000] [--num_proc 1 2] [--work_dir /tmp/pipeline_scale]
+"""The data pipeline against corpus size: `bert-suite tokenizer` beside `tokenizers`' WordPieceTrainer,
+and `bert-suite pretrain-data`, in time and peak memory, at 100 MB, 300 MB and 1 GB.
+
+Corpora: synthetic Zipf text (benchmarks/zipf_corpus.py: Heaps' law growth of distinct words,
+~0.7), written once into --work_dir, plus a real-text point, the shared corpora concatenated
+(Gutenberg books, WikiText-2, film reviews, Brown, State of the Union; skipped when ../shared/data
+is absent). Every run is its own process, timed from start to exit (imports included), and its
+memory sampled every 0.5 s: `peak_mib` is the largest sum of the process tree's proportional set
+sizes (PSS: pages shared between forked workers count once), `worker_peak_mib` the largest single
+process's PSS. Vocabulary: 30,522, uncased, min_frequency 2, both trainers on the same file and the
+same cores (`--num_proc` P for ours; RAYON_NUM_THREADS=P and TOKENIZERS_PARALLELISM=true for `tokenizers`). Instances: max_seq_length
+128, dupe_factor 1, dynamic masking, with our vocabulary of the same corpus. Rows go to
+benchmarks/results/pipeline_scale.json as they finish (a rerun skips the rows it has), with the plot
+pipeline_scale.png: time and peak memory against corpus size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from zipf_corpus import write_zipf_corpus  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+DEFAULT_DATA = ROOT.parent / "shared" / "data"
+HF_TRAINER = """
+import sys
+from tokenizers import Tokenizer, normalizers, pre_tokenizers, trainers
+from tokenizers.models import WordPiece
+tok = Tokenizer(WordPiece(unk_token="[UNK]"))
+tok.normalizer = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True, strip_accents=True,
+                                            lowercase=True)
+tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+trainer = trainers.WordPieceTrainer(vocab_size=int(sys.argv[2]), min_frequency=2, show_progress=False,
+                                    special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"])
+tok.train([sys.argv[1]], trainer)
+tok.save(sys.argv[3])
+"""
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--sizes_mb", type=float, nargs="+", default=[100, 300, 1000])
+    p.add_argument("--num_proc", type=int, nargs="+", default=[1, 2])
+    p.add_argument("--hf_num_proc", type=int, nargs="+", help="threads for tokenizers' trainer (default: --num_proc)")
+    p.add_argument("--instances_num_proc", type=int, nargs="+", help="pretrain-data's num_proc (default: --num_proc)")
+    p.add_argument("--instances_max_mb", type=float, default=float("inf"),
+                   help="build instances only on corpora up to this size")
+    p.add_argument("--vocab_size", type=int, default=30522)
+    p.add_argument("--data", type=Path, default=DEFAULT_DATA, help="shared data (the real-text point)")
+    p.add_argument("--no_real", action="store_true", help="leave out the real-text point")
+    p.add_argument("--work_dir", type=Path, default=Path(tempfile.gettempdir()) / "pipeline_scale",
+                   help="where the corpora and outputs go (1.4 GB of text plus the outputs)")
+    p.add_argument("--out", type=Path, default=RESULTS / "pipeline_scale.json")
+    p.add_argument("--fresh", action="store_true", help="measure every row again")
+    p.add_argument("--report_only", action="store_true", help="summary, table and plot from the record; no runs")
+    return p.parse_args(argv)
+
+
+def run_measured(command: list[str], env: dict | None = None, timeout: float = 7200) -> dict:
+    """Run a command; its wall time and the peak PSS of its process tree (all and largest process)."""
+    import psutil
+
+    start = time.perf_counter()
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "TQDM_DISABLE": "1", "TOKENIZERS_PARALLELISM": "false", **(env or {})})
+    root = psutil.Process(proc.pid)
+    peak = worker_peak = 0.0
+    while proc.poll() is None:
+        total = 0.0
+        try:
+            tree = [root, *root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            break
+        for member in tree:
+            pss = _pss_mib(member.pid)
+            if pss is None:
+                continue
+            total += pss
+            worker_peak = max(worker_peak, pss)
+        peak = max(peak, total)
+        if time.perf_counter() - start > timeout:
+            proc.kill()
+            raise RuntimeError(f"{' '.join(command)}: over {timeout} s")
+        time.sleep(0.5)
+    output = proc.stdout.read()
+    if proc.wait() != 0:
+        raise RuntimeError(f"{' '.join(command)} failed:\n{output[-3000:]}")
+    return {"seconds": round(time.perf_counter() - start, 2), "peak_mib": round(peak, 1),
+            "worker_peak_mib": round(worker_peak, 1), "output_tail": output.strip().splitlines()[-3:]}
+
+
+def _pss_mib(pid: int) -> float | None:
+    """A process's proportional set size from /proc/PID/smaps_rollup (one read; psutil's
+    memory_full_info parses the whole smaps, which took half a core to sample torch's processes)."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        return None
+    return None
+
+
+def real_corpus(data: Path, work: Path) -> Path | None:
+    files = [*sorted((data / "corpus" / "gutenberg").glob("*.txt")), *sorted((data / "corpus").glob("wikitext-2-raw/*")),
+             data / "corpus" / "nltk" / "movie_reviews.txt", data / "corpus" / "nltk" / "brown.txt",
+             *sorted((data / "corpus" / "nltk" / "state_union").glob("*"))]
+    files = [f for f in files if f.is_file()]
+    if not files:
+        return None
+    from bert_suite.pretraining.text_files import file_encoding
+
+    out = work / "real.txt"
+    if not out.exists():
+        with open(out, "w", encoding="utf-8", newline="\n") as f:
+            for name in files:  # some books are Windows-1252: all UTF-8 here; each file ends a document
+                f.write(name.read_bytes().decode(file_encoding(name)).lstrip("\ufeff").rstrip("\n") + "\n\n")
+    return out
+
+
+def cpu_flags() -> list[str]:
+    try:
+        flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
+    except (OSError, StopIteration):
+        return []
+    wanted = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
+    return [f for f in flags.split(":", 1)[1].split() if f in wanted]
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    args.work_dir.mkdir(parents=True, exist_ok=True)
+    record = json.loads(args.out.read_text()) if args.out.is_file() and not args.fresh else {"rows": []}
+    done = {(r["corpus"], r["stage"], r["tool"], r["num_proc"]) for r in record["rows"]}
+    if args.report_only:
+        return report(record, args.out)
+    from bert_suite import __version__  # noqa: F401  (the package must import before hours of work)
+
+    corpora = []
+    if not args.no_real and (real := real_corpus(args.data, args.work_dir)):
+        corpora.append(("real", real))
+    for size in args.sizes_mb:
+        path = args.work_dir / f"zipf_{size:g}mb.txt"
+        if not path.exists():
+            print(f"writing {path} ...", flush=True)
+            partial = path.with_suffix(".partial")
+            info = write_zipf_corpus(partial, int(size * 1e6), seed=0)  # one seed: each corpus starts as the smaller ones
+            partial.rename(path)
+            (args.work_dir / f"zipf_{size:g}mb.json").write_text(json.dumps(info))
+        corpora.append((f"zipf_{size:g}mb", path))
+    bert_suite = [sys.executable, "-m", "bert_suite.cli"]
+    hf_script = args.work_dir / "hf_trainer.py"
+    hf_script.write_text(HF_TRAINER)
+    record["machine"] = {"cpu": _cpu_name(), "cores": os.cpu_count(), "cpu_flags": cpu_flags(),
+                         "python": sys.version.split()[0]}
+
+    def measure(corpus: str, path: Path, stage: str, tool: str, num_proc: int, command, env=None):
+        if (corpus, stage, tool, num_proc) in done:
+            return
+        print(f"{corpus} {stage} {tool} num_proc={num_proc} ...", flush=True)
+        result = run_measured(command, env)
+        row = {"corpus": corpus, "bytes": path.stat().st_size, "stage": stage, "tool": tool, "num_proc": num_proc,
+               **result}
+        info = args.work_dir / f"{corpus}.json"
+        if info.exists():
+            row["distinct_words"] = json.loads(info.read_text())["distinct_words"]
+        report = args.work_dir / "out" / f"{corpus}_vocab_{num_proc}" / "tokenizer_report.json"
+        if tool == "bert_suite" and stage == "vocabulary" and report.exists():
+            row["word_types"] = json.loads(report.read_text())["word_types"]
+        print(f"  {row['seconds']:.1f} s, peak {row['peak_mib']:.0f} MiB (largest process {row['worker_peak_mib']:.0f})",
+              flush=True)
+        record["rows"].append(row)
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(record, indent=2) + "\n")
+
+    out = args.work_dir / "out"
+    for corpus, path in corpora:
+        size_mb = path.stat().st_size / 1e6
+        for p in args.num_proc:
+            measure(corpus, path, "vocabulary", "bert_suite", p,
+                    [*bert_suite, "tokenizer", "--input", str(path), "--vocab_size", str(args.vocab_size),
+                     "--lowercase", "--num_proc", str(p), "--output_dir", str(out / f"{corpus}_vocab_{p}")])
+        vocab = out / f"{corpus}_vocab_{args.num_proc[0]}"
+        for p in args.hf_num_proc or args.num_proc:
+            measure(corpus, path, "vocabulary", "tokenizers", p,
+                    [sys.executable, str(hf_script), str(path), str(args.vocab_size), str(out / f"{corpus}_hf.json")],
+                    env={"RAYON_NUM_THREADS": str(p), "TOKENIZERS_PARALLELISM": "true"})
+        if size_mb <= args.instances_max_mb:
+            for p in args.instances_num_proc or args.num_proc:
+                measure(corpus, path, "instances", "bert_suite", p,
+                        [*bert_suite, "pretrain-data", "--input", str(path), "--tokenizer", str(vocab),
+                         "--num_proc", str(p), "--format", "lines", "--output_dir", str(out / f"{corpus}_instances_{p}")])
+    report(record, args.out)
+
+
+def report(record: dict, out: Path) -> None:
+    """The summary into the record, the table (pipeline_scale.md) and the plot (pipeline_scale.png)."""
+    record["summary"] = summarise(record["rows"])
+    out.write_text(json.dumps(record, indent=2) + "\n")
+    out.with_suffix(".md").write_text(markdown(record))
+    print(markdown(record))
+    plot(record["rows"], out.with_suffix(".png"))
+
+
+def markdown(record: dict) -> str:
+    machine = record.get("machine", {})
+    lines = [f"Machine: {machine.get('cpu')}, {machine.get('cores')} cores, flags {' '.join(machine.get('cpu_flags', []))}; "
+             "time from start to exit (imports included), peak PSS of the process tree (largest process).", "",
+             "| corpus | MB | distinct words | stage | tool | proc | seconds | peak MiB (largest) |",
+             "|---|---:|---:|---|---|---:|---:|---:|"]
+    for r in sorted(record["rows"], key=lambda r: (r["bytes"], r["stage"] != "vocabulary", r["tool"], r["num_proc"])):
+        words = r.get("word_types") or r.get("distinct_words") or ""
+        lines.append(f"| {r['corpus']} | {r['bytes'] / 1e6:,.0f} | {words:,} | {r['stage']} | {r['tool']} | "
+                     f"{r['num_proc']} | {r['seconds']:.1f} | {r['peak_mib']:,.0f} ({r['worker_peak_mib']:,.0f}) |"
+                     if words != "" else
+                     f"| {r['corpus']} | {r['bytes'] / 1e6:,.0f} | | {r['stage']} | {r['tool']} | {r['num_proc']} | "
+                     f"{r['seconds']:.1f} | {r['peak_mib']:,.0f} ({r['worker_peak_mib']:,.0f}) |")
+    lines += ["", "Summary: " + json.dumps(record.get("summary", {}))]
+    return "\n".join(lines) + "\n"
+
+
+def _cpu_name() -> str:
+    try:
+        return next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                    if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return "unknown"
+
+
+def summarise(rows: list[dict]) -> dict:
+    """The goals: vocabulary time and memory against tokenizers' at the largest corpus, the same
+    cores; instances' time per byte (largest against smallest synthetic corpus), memory per worker
+    flatness, and parallel efficiency 1 -> 2 processes."""
+    def row(corpus, stage, tool, p):
+        return next((r for r in rows if (r["corpus"], r["stage"], r["tool"], r["num_proc"]) == (corpus, stage, tool, p)),
+                    None)
+
+    synthetic = sorted({r["corpus"] for r in rows if r["corpus"].startswith("zipf")},
+                       key=lambda c: next(r["bytes"] for r in rows if r["corpus"] == c))
+    summary: dict = {}
+    if not synthetic:
+        return summary
+    small, large = synthetic[0], synthetic[-1]
+    for p in sorted({r["num_proc"] for r in rows}):
+        ours, theirs = row(large, "vocabulary", "bert_suite", p), row(large, "vocabulary", "tokenizers", p)
+        if ours and theirs:
+            summary[f"vocabulary_{large}_np{p}"] = {
+                "time_ratio_ours_over_tokenizers": round(ours["seconds"] / theirs["seconds"], 3),
+                "memory_ratio_ours_over_tokenizers": round(ours["peak_mib"] / theirs["peak_mib"], 3)}
+        a, b = row(small, "instances", "bert_suite", p), row(large, "instances", "bert_suite", p)
+        if a and b and a is not b:
+            summary[f"instances_np{p}"] = {
+                "time_per_byte_ratio_large_over_small": round((b["seconds"] / b["bytes"]) / (a["seconds"] / a["bytes"]), 3),
+                "worker_memory_ratio_large_over_small": round(b["worker_peak_mib"] / a["worker_peak_mib"], 3)}
+    for corpus in synthetic:
+        one, two = row(corpus, "instances", "bert_suite", 1), row(corpus, "instances", "bert_suite", 2)
+        if one and two:
+            summary[f"instances_parallel_efficiency_{corpus}"] = round(one["seconds"] / (2 * two["seconds"]), 3)
+        one, two = row(corpus, "vocabulary", "bert_suite", 1), row(corpus, "vocabulary", "bert_suite", 2)
+        if one and two:
+            summary[f"vocabulary_parallel_efficiency_{corpus}"] = round(one["seconds"] / (2 * two["seconds"]), 3)
+    return summary
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    series = sorted({(r["stage"], r["tool"], r["num_proc"]) for r in rows})
+    for stage, tool, p in series:
+        points = sorted((r["bytes"] / 1e6, r["seconds"], r["peak_mib"]) for r in rows
+                        if (r["stage"], r["tool"], r["num_proc"]) == (stage, tool, p) and r["corpus"].startswith("zipf"))
+        if not points:
+            continue
+        label = f"{stage}: {tool}, {p} proc"
+        style = "-" if tool == "bert_suite" else "--"
+        left.plot([x for x, _, _ in points], [t for _, t, _ in points], style, marker="o", label=label)
+        right.plot([x for x, _, _ in points], [m / 1024 for _, _, m in points], style, marker="o", label=label)
+    for axis, title, unit in ((left, "wall time", "seconds"), (right, "peak memory (PSS, process tree)", "GiB")):
+        axis.set_xscale("log")
+        axis.set_yscale("log")
+        axis.set_xlabel("corpus (MB, synthetic Zipf text)")
+        axis.set_ylabel(unit)
+        axis.set_title(title)
+        axis.grid(True, which="both", alpha=0.3)
+    left.legend(fontsize=7)
+    fig.tight_layout()
+    from bert_suite.io import save_figure
+
+    save_figure(fig, path)
+
+
+if __name__ == "__main__":
+    main()
