@@ -491,11 +491,7 @@ def _build(jobs: list, out: Path, paths: list[Path], file_info: dict, arguments:
         if totals["instances"] != len(dataset):
             raise RuntimeError(f"the dataset has {len(dataset)} rows but the shards made {totals['instances']}")
         arrow_files = max(workers, math.ceil(dataset.data.nbytes / (256 << 20)))
-        arrow_files = min(arrow_files, len(dataset))
-        # The copy into the output folder is a large serial share of a build (tens of seconds at 100 MB):
-        # the workers share it too. The files and their rows are the same either way.
-        dataset.save_to_disk(str(out), num_shards=arrow_files,
-                             num_proc=min(workers, arrow_files) if workers > 1 else None)
+        dataset.save_to_disk(str(out), num_shards=min(arrow_files, len(dataset)))
         del dataset
 
     instances = totals["instances"]
