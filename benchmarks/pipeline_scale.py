@@ -8,7 +8,8 @@ Corpora: synthetic Zipf text (benchmarks/zipf_corpus.py: Heaps' law growth of di
 is absent). Every run is its own process, timed from start to exit (imports included), and its
 memory sampled every 0.5 s: `peak_mib` is the largest sum of the process tree's proportional set
 sizes (PSS: pages shared between forked workers count once), `worker_peak_mib` the largest single
-process's PSS. Vocabulary: 30,522, uncased, min_frequency 2, both trainers on the same file and the
+process's PSS, and `anon_peak_mib` / `worker_anon_peak_mib` the same for anonymous memory only (the heap:
+file pages such as memory-mapped Arrow output count in PSS but the kernel can drop them). Vocabulary: 30,522, uncased, min_frequency 2, both trainers on the same file and the
 same cores (`--num_proc` P for ours; RAYON_NUM_THREADS=P and TOKENIZERS_PARALLELISM=true for `tokenizers`). Instances: max_seq_length
 128, dupe_factor 1, dynamic masking, with our vocabulary of the same corpus. Rows go to
 benchmarks/results/pipeline_scale.json as they finish (a rerun skips the rows it has), with the plot
@@ -74,20 +75,22 @@ def run_measured(command: list[str], env: dict | None = None, timeout: float = 7
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "TQDM_DISABLE": "1", "TOKENIZERS_PARALLELISM": "false", **(env or {})})
     root = psutil.Process(proc.pid)
-    peak = worker_peak = 0.0
+    peak = worker_peak = anon_peak = worker_anon_peak = 0.0
     while proc.poll() is None:
-        total = 0.0
+        total = anon = 0.0
         try:
             tree = [root, *root.children(recursive=True)]
         except psutil.NoSuchProcess:
             break
         for member in tree:
-            pss = _pss_mib(member.pid)
-            if pss is None:
+            sizes = _pss_mib(member.pid)
+            if sizes is None:
                 continue
-            total += pss
-            worker_peak = max(worker_peak, pss)
-        peak = max(peak, total)
+            total += sizes[0]
+            anon += sizes[1]
+            worker_peak = max(worker_peak, sizes[0])
+            worker_anon_peak = max(worker_anon_peak, sizes[1])
+        peak, anon_peak = max(peak, total), max(anon_peak, anon)
         if time.perf_counter() - start > timeout:
             proc.kill()
             raise RuntimeError(f"{' '.join(command)}: over {timeout} s")
@@ -96,20 +99,24 @@ def run_measured(command: list[str], env: dict | None = None, timeout: float = 7
     if proc.wait() != 0:
         raise RuntimeError(f"{' '.join(command)} failed:\n{output[-3000:]}")
     return {"seconds": round(time.perf_counter() - start, 2), "peak_mib": round(peak, 1),
-            "worker_peak_mib": round(worker_peak, 1), "output_tail": output.strip().splitlines()[-3:]}
+            "worker_peak_mib": round(worker_peak, 1), "anon_peak_mib": round(anon_peak, 1),
+            "worker_anon_peak_mib": round(worker_anon_peak, 1), "output_tail": output.strip().splitlines()[-3:]}
 
 
-def _pss_mib(pid: int) -> float | None:
-    """A process's proportional set size from /proc/PID/smaps_rollup (one read; psutil's
-    memory_full_info parses the whole smaps, which took half a core to sample torch's processes)."""
+def _pss_mib(pid: int) -> tuple[float, float] | None:
+    """A process's proportional set size, all and anonymous (MiB), from /proc/PID/smaps_rollup (one
+    read; psutil's memory_full_info parses the whole smaps, which took half a core to sample torch's
+    processes). Anonymous: the heap, what the process really holds; the rest is file pages (shared
+    libraries, memory-mapped Arrow files) that the kernel can drop."""
+    values = {}
     try:
         with open(f"/proc/{pid}/smaps_rollup") as f:
             for line in f:
-                if line.startswith("Pss:"):
-                    return int(line.split()[1]) / 1024
+                if line.startswith(("Pss:", "Pss_Anon:")):
+                    values[line.split(":")[0]] = int(line.split()[1]) / 1024
     except OSError:
         return None
-    return None
+    return (values["Pss"], values.get("Pss_Anon", values["Pss"])) if "Pss" in values else None
 
 
 def real_corpus(data: Path, work: Path) -> Path | None:
@@ -217,15 +224,14 @@ def markdown(record: dict) -> str:
     machine = record.get("machine", {})
     lines = [f"Machine: {machine.get('cpu')}, {machine.get('cores')} cores, flags {' '.join(machine.get('cpu_flags', []))}; "
              "time from start to exit (imports included), peak PSS of the process tree (largest process).", "",
-             "| corpus | MB | distinct words | stage | tool | proc | seconds | peak MiB (largest) |",
-             "|---|---:|---:|---|---|---:|---:|---:|"]
+             "| corpus | MB | distinct words | stage | tool | proc | seconds | peak MiB (largest) | anonymous (largest) |",
+             "|---|---:|---:|---|---|---:|---:|---:|---:|"]
     for r in sorted(record["rows"], key=lambda r: (r["bytes"], r["stage"] != "vocabulary", r["tool"], r["num_proc"])):
-        words = r.get("word_types") or r.get("distinct_words") or ""
-        lines.append(f"| {r['corpus']} | {r['bytes'] / 1e6:,.0f} | {words:,} | {r['stage']} | {r['tool']} | "
-                     f"{r['num_proc']} | {r['seconds']:.1f} | {r['peak_mib']:,.0f} ({r['worker_peak_mib']:,.0f}) |"
-                     if words != "" else
-                     f"| {r['corpus']} | {r['bytes'] / 1e6:,.0f} | | {r['stage']} | {r['tool']} | {r['num_proc']} | "
-                     f"{r['seconds']:.1f} | {r['peak_mib']:,.0f} ({r['worker_peak_mib']:,.0f}) |")
+        words = r.get("word_types") or r.get("distinct_words")
+        anon = (f"{r['anon_peak_mib']:,.0f} ({r['worker_anon_peak_mib']:,.0f})" if "anon_peak_mib" in r else "")
+        lines.append(f"| {r['corpus']} | {r['bytes'] / 1e6:,.0f} | {f'{words:,}' if words else ''} | {r['stage']} | "
+                     f"{r['tool']} | {r['num_proc']} | {r['seconds']:.1f} | {r['peak_mib']:,.0f} "
+                     f"({r['worker_peak_mib']:,.0f}) | {anon} |")
     lines += ["", "Summary: " + json.dumps(record.get("summary", {}))]
     return "\n".join(lines) + "\n"
 
@@ -263,6 +269,9 @@ def summarise(rows: list[dict]) -> dict:
             summary[f"instances_np{p}"] = {
                 "time_per_byte_ratio_large_over_small": round((b["seconds"] / b["bytes"]) / (a["seconds"] / a["bytes"]), 3),
                 "worker_memory_ratio_large_over_small": round(b["worker_peak_mib"] / a["worker_peak_mib"], 3)}
+            if "worker_anon_peak_mib" in a and "worker_anon_peak_mib" in b:
+                summary[f"instances_np{p}"]["worker_anon_memory_ratio_large_over_small"] = round(
+                    b["worker_anon_peak_mib"] / a["worker_anon_peak_mib"], 3)
     for corpus in synthetic:
         one, two = row(corpus, "instances", "bert_suite", 1), row(corpus, "instances", "bert_suite", 2)
         if one and two:
