@@ -4,9 +4,11 @@ each giving the single-process bytes."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import random
+import socket
 import subprocess
 import sys
 from collections import Counter
@@ -15,8 +17,7 @@ from pathlib import Path
 import pytest
 from datasets import load_from_disk
 
-from bert_suite.pretraining import cluster, tokenizer
-from bert_suite.pretraining.instances import build_pretraining_dataset, load_parts
+from bert_suite.pretraining.instances import load_parts
 from bert_suite.pretraining.tokenizer import REPORT_FILE, count_words, learn_wordpieces, train_tokenizer
 from bert_suite.tokenization import SPECIAL_TOKENS
 
@@ -169,44 +170,85 @@ def test_the_merges_touch_only_the_words_a_pair_occurs_in():
             assert learn_wordpieces(counts, 120, min_frequency, ("[PAD]",)) == naive(counts, 120, min_frequency)
 
 
+def needs_dask() -> None:
+    """Skip without Dask, without importing it here: importing distributed starts threads in this
+    process, and the forks later tests make (datasets' num_proc) would inherit their held locks and hang."""
+    if importlib.util.find_spec("distributed") is None:
+        pytest.skip("Dask is not installed (pip install \"bert_suite[cluster]\")")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 @pytest.fixture(scope="module")
 def dask_cluster():
-    distributed = pytest.importorskip("distributed")
-    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
-                                  worker_dashboard_address=None) as cluster:
-        yield cluster.scheduler_address
+    """A scheduler and 2 worker processes started as a user would (`dask scheduler`, `dask worker`), in
+    processes of their own: a Dask client's threads inside the test process would be inherited by the
+    forks later tests make (datasets' num_proc), and a fork that inherits a held lock hangs."""
+    needs_dask()
+    address = f"tcp://127.0.0.1:{free_port()}"
+    dask = [sys.executable, "-m", "distributed.cli.dask_scheduler"]
+    scheduler = subprocess.Popen([*dask, "--host", "127.0.0.1", "--port", address.rsplit(":", 1)[1],
+                                  "--dashboard-address", ":0"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    workers = subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_worker", address, "--nworkers", "2",
+                                "--nthreads", "1", "--no-dashboard"], stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+    try:
+        subprocess.run([sys.executable, "-c", "import sys; from distributed import Client; "
+                        "Client(sys.argv[1], timeout='60s').wait_for_workers(2, timeout=60)", address],
+                       check=True, timeout=120)
+        yield address
+    finally:
+        for proc in (workers, scheduler):
+            proc.terminate()
+        for proc in (workers, scheduler):
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
 
 
 def test_a_local_dask_cluster_of_two_workers_gives_the_single_process_bytes(tmp_path, dask_cluster):
     corpus = zipf_corpus(tmp_path / "corpus.txt", documents=400)
-    train_tokenizer([str(corpus)], 400, True, str(tmp_path / "tok"), num_proc=1)
+    # the single-process runs in processes of their own too: this process must not start torch's threads
+    # (static masking) before the forks of later tests
+    cli("tokenizer", "--input", str(corpus), "--vocab_size", "400", "--lowercase", "--output_dir",
+        str(tmp_path / "tok"), "--num_proc", "1")
     cli("tokenizer", "--input", str(corpus), "--vocab_size", "400", "--lowercase", "--output_dir",
         str(tmp_path / "tok_dask"), "--dask_scheduler", dask_cluster, "--count_task_bytes", "4096")
     for name in ("tokenizer.json", "vocab.txt"):
         assert (tmp_path / "tok" / name).read_bytes() == (tmp_path / "tok_dask" / name).read_bytes(), name
     assert json.loads((tmp_path / "tok_dask" / REPORT_FILE).read_text())["tasks"] > 10
 
-    build_pretraining_dataset([str(corpus)], str(tmp_path / "tok"), str(tmp_path / "single"), max_seq_length=64,
-                              static_masking=True, docs_per_shard=50, num_proc=1)
+    cli("pretrain-data", "--input", str(corpus), "--tokenizer", str(tmp_path / "tok"), "--max_seq_length", "64",
+        "--static_masking", "--docs_per_shard", "50", "--output_dir", str(tmp_path / "single"), "--num_proc", "1")
     done = cli("pretrain-data", "--input", str(corpus), "--tokenizer", str(tmp_path / "tok"), "--max_seq_length", "64",
                "--static_masking", "--docs_per_shard", "50", "--output_dir", str(tmp_path / "dask"),
                "--dask_scheduler", dask_cluster)
-    assert "part-00001-of-00002" in done.stdout  # two parts: the cluster's threads
+    assert "part-00001-of-00002" in done.stdout  # two parts: the cluster's threads (the fixture waited for both)
     single, parts = load_from_disk(str(tmp_path / "single")), load_parts(tmp_path / "dask")
     assert len(single) == len(parts) > 100
     for column in single.column_names:
         assert single[column] == parts[column], column
 
 
-def test_an_unreachable_scheduler_is_one_clear_error_and_nothing_is_written(tmp_path, monkeypatch):
-    pytest.importorskip("distributed")
-    with pytest.raises(ValueError, match=r"--dask_scheduler tcp://127\.0\.0\.1:9: no Dask scheduler answered"):
-        cluster.dask_client("tcp://127.0.0.1:9", timeout="1s")
-    monkeypatch.setattr(tokenizer, "dask_client", lambda address: cluster.dask_client(address, timeout="1s"))
+def test_an_unreachable_scheduler_is_one_clear_error_and_nothing_is_written(tmp_path):
+    """In a process of its own (a failed client's threads must not stay in the test process)."""
+    needs_dask()
     corpus = zipf_corpus(tmp_path / "corpus.txt", documents=20)
-    with pytest.raises(ValueError, match="no Dask scheduler answered"):
-        train_tokenizer([str(corpus)], 100, True, str(tmp_path / "tok"), dask_scheduler="tcp://127.0.0.1:9")
-    assert not (tmp_path / "tok").exists()
+    address = f"tcp://127.0.0.1:{free_port()}"
+    for command in (["tokenizer", "--vocab_size", "100", "--lowercase"], ["pretrain-data", "--tokenizer", "unused"]):
+        done = subprocess.run([sys.executable, "-m", "bert_suite.cli", *command, "--input", str(corpus),
+                               "--output_dir", str(tmp_path / "out"), "--dask_scheduler", address],
+                              capture_output=True, text=True,
+                              env={**os.environ, "DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT": "1s"})
+        assert done.returncode != 0
+        assert f"--dask_scheduler {address}: no Dask scheduler answered" in done.stderr, done.stderr[-2000:]
+        assert "Traceback" not in done.stderr
+    assert not (tmp_path / "out").exists()
 
 
 def test_bad_input_files_are_named_with_the_line(tmp_path):

@@ -8,16 +8,17 @@ system, as on any cluster that trains on one corpus.
 from __future__ import annotations
 
 
-def dask_client(address: str, timeout: str = "10s"):
+def dask_client(address: str, timeout: str | None = None):
     """A client of the Dask scheduler at `address`; a clear error when Dask is not installed or no
-    scheduler answers there."""
+    scheduler answers there within `timeout` (default: Dask's connect timeout, 30 s, set with
+    DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT)."""
     try:
         from distributed import Client
     except ImportError:
         raise ValueError(f"--dask_scheduler {address}: Dask is not installed; pip install \"bert_suite[cluster]\"") \
             from None
     try:
-        client = Client(address, timeout=timeout)
+        client = Client(address, **({"timeout": timeout} if timeout else {}))  # no timeout: Dask's configured one
     except (OSError, TimeoutError) as err:
         raise ValueError(f"--dask_scheduler {address}: no Dask scheduler answered ({err}); start one with "
                          "`dask scheduler` and workers with `dask worker ADDRESS`, or leave the flag out to run on "
