@@ -23,21 +23,33 @@ RESULTS_DIR = ROOT / "runs" / "bench"  # generated, git-ignored; RESULTS.md quot
 
 
 def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    from bert_suite.precision import cpu_model as model_name
+
+    return model_name()
+
+
+# The CPU flags that decide how fast each precision runs: AVX-512 for fp32, native bf16 dot products
+# (avx512_bf16) and AMX tiles for bf16; without the last two, bf16 is emulated (slower than fp32).
+SPEED_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16")
+
+
+def cpu_kind() -> dict:
+    """The kind of CPU a speed figure belongs to: its model, which of SPEED_FLAGS it reports, and
+    `native_bf16` (the flag `--precision auto` chooses bf16 by, or None: emulated)."""
+    from bert_suite.precision import cpu_flags, native_bf16_flag
+
+    flags = cpu_flags()
+    native = native_bf16_flag()
+    return {"cpu": cpu_model(), "flags": [f for f in SPEED_FLAGS if f in flags], "native_bf16": native,
+            "kind": f"native bf16 ({native})" if native else "no native bf16 (bf16 emulated)"}
 
 
 def machine() -> dict:
-    """CPU model, cores, threads and library versions (and the GPU when one is used)."""
+    """CPU model, flags and kind (cpu_kind), cores, threads and library versions (and the GPU when one is used)."""
     import torch
     import transformers
 
-    info = {"cpu": cpu_model(), "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+    info = {**cpu_kind(), "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
             "torch": torch.__version__, "transformers": transformers.__version__,
             "python": platform.python_version(), "command": " ".join([Path(sys.executable).name, *sys.argv])}
     if torch.cuda.is_available():

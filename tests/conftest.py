@@ -15,7 +15,6 @@ os.environ.setdefault("HF_HOME", tempfile.mkdtemp(prefix="bert_suite_hf_home_"))
 # (both kinds of CPU) and runs bf16 explicitly. BERT_SUITE_PRECISION=bf16 make test runs everything in bf16.
 os.environ.setdefault("BERT_SUITE_PRECISION", "fp32")
 
-import random  # noqa: E402
 import socket  # noqa: E402
 import sys  # noqa: E402
 
@@ -24,7 +23,7 @@ import torch  # noqa: E402
 from huggingface_hub import constants  # noqa: E402
 
 from bert_suite import hub  # noqa: E402
-from helpers import WORDS, FakeApi  # noqa: E402
+from helpers import FakeApi, write_pretrain_setup  # noqa: E402
 
 torch.set_num_threads(min(2, torch.get_num_threads()))
 
@@ -53,21 +52,7 @@ def report():
 @pytest.fixture(scope="module")
 def pretrain_setup(tmp_path_factory):
     """A corpus where documents have their own topic words, its vocabulary and NSP instances."""
-    from bert_suite.pretraining.instances import build_pretraining_dataset
-
-    tmp = tmp_path_factory.mktemp("pretrain")
-    rng = random.Random(0)
-    topics = [WORDS[i: i + 3] for i in range(0, 6)]
-    docs = []
-    for d in range(60):
-        topic = topics[d % len(topics)]
-        docs.append("\n".join(" ".join(rng.choice(topic) for _ in range(rng.randint(3, 8))) + " ." for _ in range(6)))
-    (tmp / "corpus.txt").write_text("\n\n".join(docs) + "\n")
-    (tmp / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", ".", *WORDS]) + "\n")
-    for length in (32, 64):
-        build_pretraining_dataset([str(tmp / "corpus.txt")], str(tmp / "vocab.txt"), str(tmp / f"data{length}"),
-                                  max_seq_length=length, dupe_factor=3, fmt="lines")
-    return tmp
+    return write_pretrain_setup(tmp_path_factory.mktemp("pretrain"))
 
 
 @pytest.fixture

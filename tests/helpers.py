@@ -217,6 +217,26 @@ def inputs_for(name):
 # ---------------------------------------------------------------------------------- pre-training recipe
 
 
+def write_pretrain_setup(folder: Path) -> Path:
+    """In `folder`: a corpus of 60 documents, each drawing its sentences from its own 3 topic words
+    (corpus.txt), its 14-token vocabulary (vocab.txt) and NSP instances of length 32 and 64 (data32,
+    data64). The recipe's tests and benchmarks/bf16_seed_spread.py train on it."""
+    from bert_suite.pretraining.instances import build_pretraining_dataset
+
+    rng = random.Random(0)
+    topics = [WORDS[i: i + 3] for i in range(0, 6)]
+    docs = []
+    for d in range(60):
+        topic = topics[d % len(topics)]
+        docs.append("\n".join(" ".join(rng.choice(topic) for _ in range(rng.randint(3, 8))) + " ." for _ in range(6)))
+    (folder / "corpus.txt").write_text("\n\n".join(docs) + "\n")
+    (folder / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", ".", *WORDS]) + "\n")
+    for length in (32, 64):
+        build_pretraining_dataset([str(folder / "corpus.txt")], str(folder / "vocab.txt"), str(folder / f"data{length}"),
+                                  max_seq_length=length, dupe_factor=3, fmt="lines")
+    return folder
+
+
 def load_recipe():
     spec = importlib.util.spec_from_file_location("pretrain_recipe", REPO / "recipes" / "pretrain.py")
     module = importlib.util.module_from_spec(spec)

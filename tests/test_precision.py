@@ -55,7 +55,9 @@ def test_an_explicit_choice_wins_and_bf16_on_an_emulating_cpu_warns_that_it_is_s
     cpu(True)
     assert resolve("fp32") == Precision("fp32", "--precision fp32")
     cpu(False)
-    with pytest.warns(UserWarning, match="no native bf16.*emulated, several times slower than fp32"):
+    monkeypatch.setattr(precision, "cpu_model", lambda: "AMD EPYC 7B12")
+    with pytest.warns(UserWarning, match=r"this CPU \(AMD EPYC 7B12\) has no native bf16.*emulated, several times "
+                                         "slower than fp32; --precision auto picks fp32"):
         chosen = resolve("bf16")
     assert chosen.bf16 and chosen.reason.startswith("--precision bf16")
     monkeypatch.setenv(precision.ENV, "fp32")  # the environment sets the default for every command
@@ -82,6 +84,25 @@ def test_a_gpu_keeps_its_own_choice(cpu, monkeypatch):
     assert training_precision(overrides).label == "fp16 autocast" and overrides == {"fp16": True}
     overrides = {"use_cpu": True}  # told to use the CPU on a GPU machine: the CPU's choice
     assert training_precision(overrides).bf16 and overrides == {"use_cpu": True, "bf16": True}
+
+
+def test_bf16_on_a_gpu_without_it_is_one_error_naming_the_gpu(cpu, monkeypatch):
+    """A GPU before Ampere (compute capability < 8.0) cannot run bf16: --precision bf16, --bf16 and the
+    recipe's mixed_precision=bf16 each stop with the GPU's name and what to ask for instead."""
+    monkeypatch.setattr(runner, "on_cpu", lambda use_cpu=False: use_cpu)
+    for name, value in (("is_available", True), ("is_bf16_supported", False), ("get_device_capability", (7, 0)),
+                        ("get_device_name", "Tesla V100-SXM2-16GB")):
+        monkeypatch.setattr(torch.cuda, name, lambda *a, value=value, **k: value)
+    gpu = r"the GPU Tesla V100-SXM2-16GB \(compute capability 7.0\) has no bf16 \(it needs 8.0, Ampere or later\)"
+    with pytest.raises(PrecisionError, match=rf"--precision bf16: {gpu}; expected --precision auto or fp32"):
+        training_precision({}, "bf16")
+    with pytest.raises(PrecisionError, match=rf"--bf16: {gpu}; expected --precision auto or fp32"):
+        training_precision({"bf16": True})
+    with pytest.raises(PrecisionError, match=rf"mixed_precision=bf16: {gpu}; expected mixed_precision=auto or no"):
+        recipe_precision("bf16", cpu=False)
+    assert training_precision({}, "fp32").name == "fp32" and recipe_precision("auto", cpu=False)[0] == "no"
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)  # an A100 or H100: as asked
+    assert training_precision({}, "bf16").bf16 and recipe_precision("bf16", cpu=False)[0] == "bf16"
 
 
 def test_training_flags_keep_their_meaning_and_win_over_auto(cpu):
@@ -224,10 +245,24 @@ def test_predictions_under_the_trainers_bf16_reach_post_processing_unrounded(nam
 
 
 def test_recipe_in_bf16_follows_the_fp32_loss_and_resumes_exactly(pretrain_setup, tmp_path, monkeypatch, report):
-    """200 steps of the recipe in bf16 and in fp32 (same data, masks, seed): the bf16 loss curve stays within
-    the noise of fp32 training. The bound: over steps 151-200 their mean MLM losses differ by less than two
-    fp32 runs of different seeds do (what another data order and masks move it by; floor 0.02 nats; measured
-    0.011 against 0.019), and every step is finite. A killed bf16 run then resumes to the uninterrupted run's losses."""
+    """200 steps of the recipe in bf16 and in fp32 from the same seed (same weights, data and masks). Two
+    training runs are chaotic: after a few dozen steps they drift apart and their later losses differ by
+    chance (the seed decides more than the precision). So each check compares what chance does not move,
+    or uses a bound derived from the spread over seeds (benchmarks/bf16_seed_spread.py, RESULTS.md "bf16
+    on every CPU"), the same on CPUs with and without native bf16:
+    - steps 1-10, before the runs part: every bf16 loss within 0.01 of fp32's (bf16's rounding alone;
+      measured at most 0.0008 over 6 seeds on a CPU without native bf16);
+    - it learns: the loss over steps 151-200 is 0.8 below the first step's (ln 13 = 2.56 at the start;
+      measured 1.15-1.25 below);
+    - steps 151-200: mean MLM losses within 0.15 of each other. Over 6 seeds the paired difference has
+      mean -0.001 and SD 0.026 on a CPU with native bf16 (avx512_bf16), mean +0.002 and SD 0.034 on one
+      without (avx2): 0.15 is over 4 SDs, so a sound run fails it about once in 10,000 seeds (a single
+      pair against 0.02, this test's old bound, failed 4 seeds in 10);
+    - fp32 master weights: the bf16 run's weights are fp32 values, not bf16 ones widened (updates smaller
+      than bf16's resolution are kept; a model trained in bf16 itself ends with bf16 values only).
+    A killed bf16 run then resumes to the uninterrupted run's losses."""
+    from safetensors.torch import load_file
+
     recipe = load_recipe()
 
     def run(out, *extra):
@@ -235,18 +270,22 @@ def test_recipe_in_bf16_follows_the_fp32_loss_and_resumes_exactly(pretrain_setup
         return recipe.main(recipe_args(pretrain_setup, tmp_path / out, "max_steps=200", "phase1_fraction=1",
                                        "train_data_phase2=null", "save_steps=1000", "eval_fraction=0", *extra))
     bf16, fp32 = run("bf16", "mixed_precision=bf16"), run("fp32", "mixed_precision=no")
-    seed7 = run("fp32-seed7", "mixed_precision=no", "seed=7")
     results = json.loads((tmp_path / "bf16" / "pretrain_results.json").read_text())
     assert results["precision"] == "bf16 autocast" and results["precision_reason"].startswith("mixed_precision=bf16")
+    bf16_loss, fp32_loss = ([h["mlm_loss"] for h in run] for run in (bf16, fp32))
+    assert len(bf16_loss) == len(fp32_loss) == 200 and all(torch.isfinite(torch.tensor(bf16_loss)))
 
-    def tail(history):
-        return sum(h["mlm_loss"] for h in history[150:]) / 50
-    assert all(torch.isfinite(torch.tensor(h["mlm_loss"])) for h in bf16)
-    assert bf16[-1]["mlm_loss"] < bf16[0]["mlm_loss"] - 0.5  # it learns (ln 13 = 2.56 at the start)
-    noise = abs(tail(fp32) - tail(seed7))
-    report("recipe MLM loss, steps 151-200: bf16 / fp32 / fp32 seed 7", f"{tail(bf16):.4f} / {tail(fp32):.4f} / "
-           f"{tail(seed7):.4f}")
-    assert abs(tail(bf16) - tail(fp32)) < max(noise, 0.02), (tail(bf16), tail(fp32), tail(seed7))
+    early = max(abs(a - b) for a, b in zip(bf16_loss[:10], fp32_loss[:10], strict=True))
+    tail = {name: sum(losses[150:]) / 50 for name, losses in (("bf16", bf16_loss), ("fp32", fp32_loss))}
+    report("recipe MLM loss bf16 vs fp32: max |diff| steps 1-10; mean steps 151-200 bf16 / fp32",
+           f"{early:.4f}; {tail['bf16']:.4f} / {tail['fp32']:.4f}")
+    assert early < 0.01, (bf16_loss[:10], fp32_loss[:10])
+    assert tail["bf16"] < bf16_loss[0] - 0.8
+    assert abs(tail["bf16"] - tail["fp32"]) < 0.15, tail
+    weights = load_file(tmp_path / "bf16" / "final" / "model.safetensors")
+    matrix = weights["bert.encoder.layer.0.intermediate.dense.weight"]
+    assert all(w.dtype == torch.float32 for w in weights.values())
+    assert (matrix != matrix.bfloat16().float()).float().mean() > 0.9  # fp32 values (a random fp32 is one 99.6%)
 
     # exact resume in bf16 (12 steps, checkpoints every 4, killed in step 10)
     args = recipe_args(pretrain_setup, tmp_path / "whole", "max_steps=12", "phase1_fraction=0.75", "save_steps=4",
@@ -258,7 +297,41 @@ def test_recipe_in_bf16_follows_the_fp32_loss_and_resumes_exactly(pretrain_setup
         assert a["nsp_loss"] == pytest.approx(b["nsp_loss"], rel=1e-6, abs=1e-7)
 
 
-def test_fine_tuning_in_bf16_learns_as_fp32_does_and_the_grid_records_it(tmp_path, capsys):
+def test_a_bf16_step_has_the_fp32_gradients_to_bf16_rounding():
+    """Not a trajectory, one step, so nothing chaotic: the pre-training loss and every parameter's gradient
+    under bf16 autocast against fp32 from the same weights and batch (the recipe's forward: masked positions
+    only, padding, NSP). Each gradient points the same way (cosine >= 0.999; measured >= 0.99995 on a CPU
+    without native bf16) with the same norm (within 1%; measured <= 0.2%), the loss within 0.1%. The
+    attention keys' biases are left out: softmax ignores a constant added to a row's scores, so their exact
+    gradient is 0 and both precisions give rounding noise (fp32 ~1e-9)."""
+    from bert_suite import BertSuiteConfig, BertSuiteForPreTraining
+
+    torch.manual_seed(0)
+    model = BertSuiteForPreTraining(BertSuiteConfig.from_preset(
+        "tiny", vocab_size=500, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0))
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(5, 500, (16, 64), generator=g)
+    mask = torch.ones_like(ids)
+    mask[8:, 40:] = 0
+    batch = {"input_ids": ids, "attention_mask": mask, "next_sentence_label": torch.randint(0, 2, (16,), generator=g),
+             "labels": torch.where((torch.rand(ids.shape, generator=g) < 0.15) & (mask == 1), ids, -100)}
+
+    def step(bf16):
+        model.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            loss = model(**batch, masked_positions_only=True, return_dict=True).loss
+        loss.backward()
+        return loss.item(), {n: p.grad.clone() for n, p in model.named_parameters() if not n.endswith("key.bias")}
+    (loss32, grads32), (loss16, grads16) = step(False), step(True)
+    assert abs(loss16 - loss32) <= 1e-3 * loss32
+    assert len(grads32) == len(list(model.parameters())) - model.config.num_hidden_layers  # all but the key biases
+    for name, exact in grads32.items():
+        rounded = grads16[name]
+        assert torch.nn.functional.cosine_similarity(rounded.flatten(), exact.flatten(), dim=0) >= 0.999, name
+        assert abs(rounded.norm() / exact.norm() - 1) <= 0.01, name
+
+
+def test_fine_tuning_in_bf16_learns_as_fp32_does_and_the_grid_records_it(tmp_path, capsys, report):
     """The same run in bf16 and in fp32 reaches the same dev accuracy within 5 points (both far above
     chance); the grid says its precision in the log, run_manifest.json and the model card."""
     from bert_suite.cards import load_card
@@ -274,6 +347,7 @@ def test_fine_tuning_in_bf16_learns_as_fp32_does_and_the_grid_records_it(tmp_pat
         scores[name] = json.loads((tmp_path / name / "all_results.json").read_text())["eval_accuracy"]
         manifest = json.loads((tmp_path / name / "run_manifest.json").read_text())
         assert manifest["training_arguments"]["bf16"] is (name == "bf16")
+    report("RTE-like dev accuracy fine-tuned in fp32 / bf16", f"{scores['fp32']:.2f} / {scores['bf16']:.2f}")
     assert min(scores.values()) > 0.8 and abs(scores["bf16"] - scores["fp32"]) <= 0.05, scores
 
     out = tmp_path / "grid"

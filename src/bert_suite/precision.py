@@ -118,10 +118,38 @@ def explicit(name: str, reason: str, cpu: bool, expected: str = "bf16, fp32 or a
         raise PrecisionError(f"{reason} on a CPU: fp16 autocast on a CPU is not supported (CPUs have no fast fp16 "
                              f"matmul, and fp16 needs loss scaling); expected {expected}")
     if name == "bf16" and cpu and native_bf16_flag() is None:
-        warnings.warn(f"{reason}: this CPU has no native bf16 (no avx512_bf16, AMX or Arm bf16 flag), so bf16 is "
-                      "emulated, several times slower than fp32; --precision auto picks fp32 here", stacklevel=3)
+        warnings.warn(f"{reason}: this CPU ({cpu_model()}) has no native bf16 (no avx512_bf16, AMX or Arm bf16 "
+                      "flag), so bf16 is emulated, several times slower than fp32; --precision auto picks fp32 "
+                      "here", stacklevel=3)
         reason += "; emulated: CPU has no native bf16"
+    if name == "bf16" and not cpu:
+        gpu_without_bf16(reason, expected)
     return Precision(name, reason)
+
+
+def cpu_model() -> str:
+    """The CPU's model name as Linux reports it, or the platform's processor string."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def gpu_without_bf16(reason: str, expected: str) -> None:
+    """A PrecisionError when the CUDA GPU cannot compute in bf16 (compute capability below 8.0: V100,
+    T4 and older), naming the GPU; elsewhere nothing (other accelerators check bf16 themselves)."""
+    import torch
+
+    if not torch.cuda.is_available() or torch.cuda.is_bf16_supported(including_emulation=False):
+        return
+    major, minor = torch.cuda.get_device_capability()
+    suggest = ("mixed_precision=auto or no (fp32), or fp16" if "mixed_precision" in expected else
+               "--precision auto or fp32 (auto leaves a GPU in fp32 unless --bf16 or --fp16 is given)")
+    raise PrecisionError(f"{reason}: the GPU {torch.cuda.get_device_name()} (compute capability {major}.{minor}) "
+                         f"has no bf16 (it needs 8.0, Ampere or later); expected {suggest}")
 
 
 def resolve(requested: str | None = "auto", device: str = "cpu", source: str = "--precision") -> Precision:
