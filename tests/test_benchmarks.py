@@ -56,6 +56,26 @@ def test_pretrain_step_benchmark_rows(corpus):
     assert 0 < row["ours bf16_mfu"] and "matmul" in row["profile"]["ours bf16 step"]
     assert all(v > 0 for v in payload["matmul_bf16_flops"] + payload["matmul_fp32_flops"])
     assert (corpus / "results" / "pretrain_step.json").is_file()
+    machine = payload["machine"]  # the kind of CPU the figures belong to, and the goals judged for it
+    assert set(machine["flags"]) <= set(common.SPEED_FLAGS) and machine["kind"].startswith(("native bf16", "no native"))
+    assert [g["goal"].split(" >=")[0].split(" (")[0] for g in payload["goals"]] == \
+        ["ours/stock fp32", "ours bf16/fp32" if machine["native_bf16"] else "auto never slower than fp32",
+         "ours/stock bf16"]
+
+
+def test_pretrain_step_goals_per_kind_of_cpu():
+    """The goals of a row: fp32 against stock everywhere; bf16 over fp32 only where bf16 is native (emulated,
+    auto keeps fp32, so auto is 1.0x of fp32 by construction); bf16 against stock at least fp32's ratio."""
+    row = {"preset": "mini", "speedup": 4.2, "speedup bf16": 4.0, "ours bf16/fp32": 2.3}
+    native = pretrain_step.goals([row], "avx512_bf16")
+    assert [(g["goal"], round(g["measured"], 2), g["met"]) for g in native] == [
+        ("ours/stock fp32 >= 4.0", 4.2, True), ("ours bf16/fp32 >= 2.0", 2.3, True),
+        ("ours/stock bf16 >= fp32's 4.20", 4.0, False)]
+    emulated = pretrain_step.goals([{**row, "ours bf16/fp32": 0.4}], None)
+    assert emulated[1] == {"preset": "mini", "goal": "auto never slower than fp32 (auto = fp32: bf16 emulated, 0.40x "
+                                                     "of fp32)", "measured": 1.0, "met": True}
+    assert pretrain_step.goals([{"preset": "base", "speedup": 1.5}], None) == [
+        {"preset": "base", "goal": "ours/stock fp32 >= 1.6", "measured": 1.5, "met": False}]
 
 
 def test_pretrain_step_skips_without_data(tmp_path, capsys):
