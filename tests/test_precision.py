@@ -98,7 +98,7 @@ def test_bf16_on_a_gpu_without_it_is_one_error_naming_the_gpu(cpu, monkeypatch):
         training_precision({}, "bf16")
     with pytest.raises(PrecisionError, match=rf"--bf16: {gpu}; expected --precision auto or fp32"):
         training_precision({"bf16": True})
-    with pytest.raises(PrecisionError, match=rf"mixed_precision=bf16: {gpu}; expected mixed_precision=auto or no"):
+    with pytest.raises(PrecisionError, match=rf"mixed_precision=bf16: {gpu}; expected mixed_precision=no \(fp32\) or fp16"):
         recipe_precision("bf16", cpu=False)
     assert training_precision({}, "fp32").name == "fp32" and recipe_precision("auto", cpu=False)[0] == "no"
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)  # an A100 or H100: as asked

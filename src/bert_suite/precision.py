@@ -146,7 +146,7 @@ def gpu_without_bf16(reason: str, expected: str) -> None:
     if not torch.cuda.is_available() or torch.cuda.is_bf16_supported(including_emulation=False):
         return
     major, minor = torch.cuda.get_device_capability()
-    suggest = ("mixed_precision=auto or no (fp32), or fp16" if "mixed_precision" in expected else
+    suggest = ("mixed_precision=no (fp32) or fp16, in the recipe's config and accelerate's" if "mixed_precision" in expected else
                "--precision auto or fp32 (auto leaves a GPU in fp32 unless --bf16 or --fp16 is given)")
     raise PrecisionError(f"{reason}: the GPU {torch.cuda.get_device_name()} (compute capability {major}.{minor}) "
                          f"has no bf16 (it needs 8.0, Ampere or later); expected {suggest}")
