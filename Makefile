@@ -124,7 +124,7 @@ table5: install  ## Table 5 in miniature: benchmarks/results/table5_small.{json,
 # The long ones are run on their own: bash benchmarks/glue_real_run.sh (about an hour on 2 cores),
 # python benchmarks/pretrain_payoff.py --output_dir runs/payoff --pretrain_minutes 55 --tapt (pre-training vs
 # random initialisation on SST-2, STS-B, MRPC, RTE, CoLA: an hour of pre-training, then the grids).
-# `make bench`: the quick mode (under 10 minutes on 2 cores); `make bench-full`: more steps,
+# `make bench`: the quick mode (9 minutes on a 2-core AVX-512 Xeon, more on slower CPUs); `make bench-full`: more steps,
 # repetitions, the whole RTE/MRPC train sets and the SQuAD processing benchmark. Results: runs/bench/*.json and the printed tables.
 .PHONY: bench bench-full
 bench: install  ## the quick benchmarks against stock transformers
