@@ -257,7 +257,7 @@ def test_recipe_in_bf16_follows_the_fp32_loss_and_resumes_exactly(pretrain_setup
       measured 1.15-1.25 below);
     - steps 151-200: mean MLM losses within 0.15 of each other. Over 6 seeds the paired difference has
       mean -0.001 and SD 0.026 on a CPU with native bf16 (avx512_bf16), mean +0.001 and SD 0.030 on one
-      without (avx2): 0.15 is over 4 SDs, so a sound run fails it about once in 10,000 seeds (a single
+      without (avx2): 0.15 is over 4 SDs (3.6 at the SD's upper 95% limit): a sound run fails it about once in 3,000 seeds (a single
       pair against 0.02, this test's old bound, failed 3 of 6 seeds with native bf16, 2 of 6 without);
     - fp32 master weights: the bf16 run's weights are fp32 values, not bf16 ones widened (updates smaller
       than bf16's resolution are kept; a model trained in bf16 itself ends with bf16 values only).
