@@ -22,12 +22,6 @@ DEFAULT_DATA = ROOT.parent / "shared" / "data"
 RESULTS_DIR = ROOT / "runs" / "bench"  # generated, git-ignored; RESULTS.md quotes them
 
 
-def cpu_model() -> str:
-    from bert_suite.precision import cpu_model as model_name
-
-    return model_name()
-
-
 # The CPU flags that decide how fast each precision runs: AVX-512 for fp32, native bf16 dot products
 # (avx512_bf16) and AMX tiles for bf16; without the last two, bf16 is emulated (slower than fp32).
 SPEED_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16")
@@ -36,7 +30,7 @@ SPEED_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx
 def cpu_kind() -> dict:
     """The kind of CPU a speed figure belongs to: its model, which of SPEED_FLAGS it reports, and
     `native_bf16` (the flag `--precision auto` chooses bf16 by, or None: emulated)."""
-    from bert_suite.precision import cpu_flags, native_bf16_flag
+    from bert_suite.precision import cpu_flags, cpu_model, native_bf16_flag
 
     flags = cpu_flags()
     native = native_bf16_flag()

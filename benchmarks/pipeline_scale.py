@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402
 from zipf_corpus import write_zipf_corpus  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -136,15 +137,6 @@ def real_corpus(data: Path, work: Path) -> Path | None:
     return out
 
 
-def cpu_flags() -> list[str]:
-    try:
-        flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
-    except (OSError, StopIteration):
-        return []
-    wanted = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
-    return [f for f in flags.split(":", 1)[1].split() if f in wanted]
-
-
 def main(argv=None) -> None:
     args = parse_args(argv)
     args.work_dir.mkdir(parents=True, exist_ok=True)
@@ -169,8 +161,9 @@ def main(argv=None) -> None:
     bert_suite = [sys.executable, "-m", "bert_suite.cli"]
     hf_script = args.work_dir / "hf_trainer.py"
     hf_script.write_text(HF_TRAINER)
-    record["machine"] = {"cpu": _cpu_name(), "cores": os.cpu_count(), "cpu_flags": cpu_flags(),
-                         "python": sys.version.split()[0]}
+    kind = common.cpu_kind()
+    record["machine"] = {"cpu": kind["cpu"], "cores": os.cpu_count(), "cpu_flags": kind["flags"],
+                         "native_bf16": kind["native_bf16"], "python": sys.version.split()[0]}
 
     def measure(corpus: str, path: Path, stage: str, tool: str, num_proc: int, command, env=None):
         if (corpus, stage, tool, num_proc) in done:
@@ -234,14 +227,6 @@ def markdown(record: dict) -> str:
                      f"({r['worker_peak_mib']:,.0f}) | {anon} |")
     lines += ["", "Summary: " + json.dumps(record.get("summary", {}))]
     return "\n".join(lines) + "\n"
-
-
-def _cpu_name() -> str:
-    try:
-        return next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                    if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return "unknown"
 
 
 def summarise(rows: list[dict]) -> dict:

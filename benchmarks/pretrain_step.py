@@ -257,16 +257,15 @@ def main(argv=None) -> dict:
     if args.memory_child:
         memory_child(args)
         return {}
-    from bert_suite.precision import native_bf16_flag
-
+    machine = common.machine()
     tokenizer = load_pretraining_tokenizer(str(args.vocab))
     dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16}
     # Emulated bf16 can run a 2048^3 product at under 1 GFLOP/s (minutes per measurement): 512^3 there.
-    sizes = {"fp32": args.matmul_size, "bf16": args.matmul_size if native_bf16_flag() else min(args.matmul_size, 512)}
+    sizes = {"fp32": args.matmul_size,
+             "bf16": args.matmul_size if machine["native_bf16"] else min(args.matmul_size, 512)}
     before = {p: common.matmul_flops_per_second(dtype=dtypes[p], size=sizes[p]) for p in ("fp32", "bf16")}
     rows = [bench_preset(args, preset, tokenizer, before) for preset in args.presets]
     after = {p: common.matmul_flops_per_second(dtype=dtypes[p], size=sizes[p]) for p in ("fp32", "bf16")}
-    machine = common.machine()
     payload = {"machine": machine, "goals": goals(rows, machine["native_bf16"]), "matmul_sizes": sizes,
                "matmul_fp32_flops": [before["fp32"], after["fp32"]],
                "matmul_bf16_flops": [before["bf16"], after["bf16"]], "rows": rows,
@@ -274,11 +273,9 @@ def main(argv=None) -> dict:
     common.write_result(args.out, payload)
     print(json.dumps(machine))
     print(f"CPU: {machine['cpu']}, flags {' '.join(machine['flags']) or 'none of ' + ', '.join(common.SPEED_FLAGS)}: "
-          f"{machine['kind']}")
+          f"{machine['kind']}; bf16 measured for: {', '.join(p for p in args.presets if p in args.bf16_presets) or 'none'}")
     for p in ("fp32", "bf16"):
         print(f"measured {p} matmul ({sizes[p]}^3): {before[p] / 1e9:.1f} GFLOP/s before, {after[p] / 1e9:.1f} after")
-    print(f"native bf16: {payload['machine']['native_bf16'] or 'none (bf16 is emulated on this CPU)'}; "
-          f"bf16 measured for: {', '.join(p for p in args.presets if p in args.bf16_presets) or 'none'}")
     names = run_names(args.precisions)
     columns = [("preset", "preset"), ("batch", "batch"), *[(f"{n}_tokens_per_s", f"{n} tok/s") for n in names],
                ("speedup", "ours/stock fp32"), ("speedup bf16", "ours/stock bf16"), ("ours bf16/fp32", "ours bf16/fp32"),

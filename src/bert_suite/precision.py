@@ -110,10 +110,12 @@ def on_cpu(use_cpu: bool = False) -> bool:
                 or (xpu is not None and xpu.is_available()))
 
 
-def explicit(name: str, reason: str, cpu: bool, expected: str = "bf16, fp32 or auto") -> Precision:
+def explicit(name: str, reason: str, cpu: bool, expected: str = "bf16, fp32 or auto",
+             instead_of_bf16: str = "--precision auto or fp32 (auto leaves a GPU in fp32 unless --bf16 or --fp16 "
+                                    "is given)") -> Precision:
     """A precision the user asked for (`name` bf16, fp32 or fp16; `reason` says how). fp16 on a CPU is
     refused (`expected` names what to ask for instead); bf16 on a CPU that emulates it runs, correctly,
-    after a warning that it is slow."""
+    after a warning that it is slow; bf16 on a GPU without it is refused (`instead_of_bf16` says what to ask for)."""
     if name == "fp16" and cpu:
         raise PrecisionError(f"{reason} on a CPU: fp16 autocast on a CPU is not supported (CPUs have no fast fp16 "
                              f"matmul, and fp16 needs loss scaling); expected {expected}")
@@ -123,7 +125,7 @@ def explicit(name: str, reason: str, cpu: bool, expected: str = "bf16, fp32 or a
                       "the x86 CPUs measured); --precision auto picks fp32 here", stacklevel=3)
         reason += "; emulated: CPU has no native bf16"
     if name == "bf16" and not cpu:
-        gpu_without_bf16(reason, expected)
+        gpu_without_bf16(reason, instead_of_bf16)
     return Precision(name, reason)
 
 
@@ -138,7 +140,7 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine() or "unknown CPU"
 
 
-def gpu_without_bf16(reason: str, expected: str) -> None:
+def gpu_without_bf16(reason: str, instead: str) -> None:
     """A PrecisionError when the CUDA GPU cannot compute in bf16 (compute capability below 8.0: V100,
     T4 and older), naming the GPU; elsewhere nothing (other accelerators check bf16 themselves)."""
     import torch
@@ -146,10 +148,8 @@ def gpu_without_bf16(reason: str, expected: str) -> None:
     if not torch.cuda.is_available() or torch.cuda.is_bf16_supported(including_emulation=False):
         return
     major, minor = torch.cuda.get_device_capability()
-    suggest = ("mixed_precision=no (fp32) or fp16, in the recipe's config and accelerate's" if "mixed_precision" in expected else
-               "--precision auto or fp32 (auto leaves a GPU in fp32 unless --bf16 or --fp16 is given)")
     raise PrecisionError(f"{reason}: the GPU {torch.cuda.get_device_name()} (compute capability {major}.{minor}) "
-                         f"has no bf16 (it needs 8.0, Ampere or later); expected {suggest}")
+                         f"has no bf16 (it needs 8.0, Ampere or later); expected {instead}")
 
 
 def resolve(requested: str | None = "auto", device: str = "cpu", source: str = "--precision") -> Precision:
@@ -189,5 +189,6 @@ def recipe_precision(value: str, cpu: bool) -> tuple[str, Precision]:
     if value == "auto":
         chosen = resolve("auto", "cpu")
         return ("bf16" if chosen.bf16 else "no"), chosen
-    return value, explicit(ACCELERATE_NAMES[value], source, cpu, "mixed_precision=bf16, no or auto")
+    return value, explicit(ACCELERATE_NAMES[value], source, cpu, "mixed_precision=bf16, no or auto",
+                           "mixed_precision=no (fp32) or fp16, in the recipe's config and accelerate's")
 
