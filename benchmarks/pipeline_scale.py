@@ -31,9 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
 from zipf_corpus import write_zipf_corpus  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results"
-DEFAULT_DATA = ROOT.parent / "shared" / "data"
+RESULTS = common.ROOT / "benchmarks" / "results"
 HF_TRAINER = """
 import sys
 from tokenizers import Tokenizer, normalizers, pre_tokenizers, trainers
@@ -58,7 +56,7 @@ def parse_args(argv=None):
     p.add_argument("--instances_max_mb", type=float, default=float("inf"),
                    help="build instances only on corpora up to this size")
     p.add_argument("--vocab_size", type=int, default=30522)
-    p.add_argument("--data", type=Path, default=DEFAULT_DATA, help="shared data (the real-text point)")
+    p.add_argument("--data", type=Path, default=common.DEFAULT_DATA, help="shared data (the real-text point)")
     p.add_argument("--no_real", action="store_true", help="leave out the real-text point")
     p.add_argument("--work_dir", type=Path, default=Path(tempfile.gettempdir()) / "pipeline_scale",
                    help="where the corpora and outputs go (1.4 GB of text plus the outputs)")
@@ -258,12 +256,10 @@ def summarise(rows: list[dict]) -> dict:
                 summary[f"instances_np{p}"]["worker_anon_memory_ratio_large_over_small"] = round(
                     b["worker_anon_peak_mib"] / a["worker_anon_peak_mib"], 3)
     for corpus in synthetic:
-        one, two = row(corpus, "instances", "bert_suite", 1), row(corpus, "instances", "bert_suite", 2)
-        if one and two:
-            summary[f"instances_parallel_efficiency_{corpus}"] = round(one["seconds"] / (2 * two["seconds"]), 3)
-        one, two = row(corpus, "vocabulary", "bert_suite", 1), row(corpus, "vocabulary", "bert_suite", 2)
-        if one and two:
-            summary[f"vocabulary_parallel_efficiency_{corpus}"] = round(one["seconds"] / (2 * two["seconds"]), 3)
+        for stage in ("instances", "vocabulary"):
+            one, two = row(corpus, stage, "bert_suite", 1), row(corpus, stage, "bert_suite", 2)
+            if one and two:
+                summary[f"{stage}_parallel_efficiency_{corpus}"] = round(one["seconds"] / (2 * two["seconds"]), 3)
     return summary
 
 

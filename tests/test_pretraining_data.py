@@ -440,8 +440,8 @@ def test_all_parts_in_one_call_equal_the_separate_calls(parts_build, tmp_path):
     assert [p["internal_shards"] for p in parts] == [[0, 2], [2, 5], [5, 8]]
     assert [p["shards"] for p in parts] == [2, 3, 3] and {p["corpus_shards"] for p in parts} == {8}
     assert "part 1 of parts 0-2: internal shards 2-4 of 8" in format_stats(parts[1])
-    separate = [build_part([str(corpus)], str(vocab), str(tmp_path / "separate"), 3, index,
-                           num_proc=None, **common) for index in range(3)]
+    separate = [build_part([str(corpus)], str(vocab), str(tmp_path / "separate"), 3, index, **common)
+                for index in range(3)]
     assert separate == parts
     for index in range(3):
         name = f"part-{index:05d}-of-00003"
