@@ -204,6 +204,21 @@ def evaluate(model, eval_data, collator, cfg, accelerator):
     return {f"eval_{k}": v for k, v in result.items()}
 
 
+def save_model(accelerator, model, tokenizer, target: Path) -> Path:
+    """The model and tokenizer as a from_pretrained folder, written beside `target` and renamed when complete
+    (as checkpoints are), so `target` is either absent or whole."""
+    accelerator.wait_for_everyone()
+    weights = accelerator.get_state_dict(model)  # every rank takes part (FSDP gathers its shards); rank 0 gets them
+    if accelerator.is_main_process:
+        staging = target.with_name(target.name + ".incomplete")
+        shutil.rmtree(staging, ignore_errors=True)
+        accelerator.unwrap_model(model).save_pretrained(staging, state_dict=weights)
+        tokenizer.save_pretrained(staging)
+        shutil.rmtree(target, ignore_errors=True)
+        staging.rename(target)
+    return target
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", help="recipes/configs/pretrain/<name>.yaml")
@@ -355,19 +370,14 @@ def main(argv=None):
             if accelerator.is_main_process:
                 with open(out / "metrics.jsonl", "a") as f:
                     f.write(json.dumps(logs) + "\n")
+        if step in cfg.snapshot_steps and step < cfg.max_steps:  # before the checkpoint: a run resumed from
+            save_model(accelerator, model, tokenizer, out / "snapshots" / f"step-{step}")  # it has its snapshots
         if step % cfg.save_steps == 0 and step < cfg.max_steps:
             save_checkpoint(accelerator, checkpoints, step, scheduler, cfg.save_total_limit)
     bar.close()
 
-    accelerator.wait_for_everyone()
-    weights = accelerator.get_state_dict(model)  # every rank takes part (FSDP gathers its shards); rank 0 gets them
+    final = save_model(accelerator, model, tokenizer, out / "final")
     if accelerator.is_main_process:
-        final, staging = out / "final", out / "final.incomplete"  # renamed when complete, as checkpoints
-        shutil.rmtree(staging, ignore_errors=True)
-        accelerator.unwrap_model(model).save_pretrained(staging, state_dict=weights)
-        tokenizer.save_pretrained(staging)
-        shutil.rmtree(final, ignore_errors=True)
-        staging.rename(final)
         results = {"step": step, "config": vars(cfg), **precision.record(), **(history[-1] if history else {})}
         atomic_write_text(out / "pretrain_results.json", json.dumps(results, indent=2, default=str))
         accelerator.print(f"saved {final}: " + ", ".join(f"{k} {v:.4g}" for k, v in (history or [{}])[-1].items()))

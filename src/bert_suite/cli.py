@@ -551,6 +551,21 @@ def _task_corpus(args: argparse.Namespace) -> None:
           f"documents, {done['lines']:,} lines{empty} (read it with `bert-suite pretrain-data --format lines`)")
 
 
+def _ablation(args: argparse.Namespace, rest: list[str]) -> None:
+    import shlex
+
+    from .ablation import run_ablation
+
+    words = ["bert-suite", "ablation", args.study, "--output_dir", args.output_dir]  # what reruns it
+    for flag in ("workers", "storage", "results_dir"):
+        value = getattr(args, flag)
+        if value not in (None, 1):
+            words += [f"--{flag}", str(value)]
+    command = shlex.join(words)
+    run_ablation(args.study, args.output_dir, args.until, args.variant, args.workers, args.storage, args.results_dir,
+                 args.worker, command)
+
+
 def _demo(args: argparse.Namespace, rest: list[str]) -> None:
     from .demo import run_demo
 

@@ -214,29 +214,38 @@ def run_compare(models: dict[str, Model], tasks: dict[str, Task], baseline: str,
     total, done = len(tasks) * len(models), 0
     found: dict[str, dict[str, dict]] = {}
     for task in tasks.values():
-        found[task.key], space = {}, spaces[task.key]
+        found[task.key] = {}
         for model in models.values():
             done += 1
             log(f"[compare] {done}/{total}: {task.key} with {model.name} ({model.model})")
-            result = run_grid(task.card, model.model, str(grid_folder(out, task, model)), task.data_dir,
-                              max_seq_length=max_seq_length, space=space, storage=storage,
-                              overrides=dict(overrides or {}), max_samples={"train": task.labels,
-                                                                            "eval": max_eval_samples},
-                              heartbeat_interval=heartbeat_interval, grace_period=grace_period,
-                              name=study_for(task, model, space), precision=precision)
-            column = f"eval_{task.metric}"
-            complete = [r for r in result["records"] if r["state"] == "complete"]
-            if complete and column not in complete[0]["metrics"]:
-                known = sorted(k.removeprefix("eval_") for k in complete[0]["metrics"] if k.startswith("eval_"))
-                raise CompareError(f"--metric {task.card.name}={task.metric}: the task reports no {task.metric}; "
-                                   f"expected one of {', '.join(known)}")
-            found[task.key][model.name] = seed_scores(result["records"], column)
+            found[task.key][model.name] = grid_scores(task, model, spaces[task.key], grid_folder(out, task, model),
+                                                      storage, max_seq_length, max_eval_samples, overrides, precision,
+                                                      heartbeat_interval, grace_period)
     result = build_result(baseline, seeds, models, tasks, found)
     vocabularies = {name: vocabulary_of(m) for name, m in models.items()}
     grids = {describe_grid(space) for space in spaces.values()}
     write_outputs(out, result, "; ".join(f"{key}: {describe_grid(spaces[key])}" for key in tasks)
                   if len(grids) > 1 else grids.pop(), vocabularies)
     return result
+
+
+def grid_scores(task: Task, model: Model, space: dict, folder: Path, storage: str | None = None,
+                max_seq_length: int | None = None, max_eval_samples: int | None = None, overrides: dict | None = None,
+                precision=None, heartbeat_interval: int = 30, grace_period: int = 120) -> dict[tuple, dict[int, float]]:
+    """Run (or resume) one model's grid on one task in `folder`; its scores on the task's metric as
+    {setting: {seed: fraction}}."""
+    result = run_grid(task.card, model.model, str(folder), task.data_dir, max_seq_length=max_seq_length, space=space,
+                      storage=storage, overrides=dict(overrides or {}),
+                      max_samples={"train": task.labels, "eval": max_eval_samples},
+                      heartbeat_interval=heartbeat_interval, grace_period=grace_period,
+                      name=study_for(task, model, space), precision=precision)
+    column = f"eval_{task.metric}"
+    complete = [r for r in result["records"] if r["state"] == "complete"]
+    if complete and column not in complete[0]["metrics"]:
+        known = sorted(k.removeprefix("eval_") for k in complete[0]["metrics"] if k.startswith("eval_"))
+        raise CompareError(f"--metric {task.card.name}={task.metric}: the task reports no {task.metric}; "
+                           f"expected one of {', '.join(known)}")
+    return seed_scores(result["records"], column)
 
 
 def _setting(setting: tuple) -> dict:
@@ -331,9 +340,15 @@ def plot(result: dict, path: Path) -> Path:
     """Grouped bars: a group per task, a bar per model, mean ± SE."""
     from matplotlib.figure import Figure
 
+    fig = Figure(figsize=(1.6 + 1.3 * len(result["tasks"]) * max(1, len(result["models"])) / 3, 4),
+                 layout="constrained")
+    bars(fig.add_subplot(), result)
+    return save_figure(fig, path)
+
+
+def bars(ax, result: dict) -> None:
+    """compare.png's grouped bars drawn on `ax` (also a panel of an ablation's figure)."""
     tasks, models = list(result["tasks"]), list(result["models"])
-    fig = Figure(figsize=(1.6 + 1.3 * len(tasks) * max(1, len(models)) / 3, 4), layout="constrained")
-    ax = fig.add_subplot()
     width = 0.8 / len(models)
     for i, name in enumerate(models):
         means = [result["tasks"][t]["models"][name]["mean"] for t in tasks]
@@ -343,7 +358,6 @@ def plot(result: dict, path: Path) -> Path:
     ax.set_xticks(range(len(tasks)), labels=[f"{t}\n({result['tasks'][t]['metric']})" for t in tasks])
     ax.set(ylabel="dev score (0-100)", title=f"mean ± SE over {len(result['seeds'])} seeds")
     ax.legend(fontsize=8, ncols=min(len(models), 5), loc="upper center", bbox_to_anchor=(0.5, -0.15))
-    return save_figure(fig, path)
 
 
 def write_outputs(out: Path, result: dict, grid: str = "", vocabularies: dict | None = None) -> None:

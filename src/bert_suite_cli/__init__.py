@@ -16,7 +16,7 @@ import sys
 GROUPS = {
     "fine-tuning": ("finetune", "grid", "compare", "dashboard", "predict", "tasks", "squad-small"),
     "results and scoring": ("glue-package", "score"),
-    "pre-training": ("tokenizer", "corpus", "decontaminate", "pretrain-data", "demo"),
+    "pre-training": ("tokenizer", "corpus", "decontaminate", "pretrain-data", "demo", "ablation"),
     "feature-based (Table 7)": ("extract-features", "feature-ner"),
     "export": ("export",),
 }
@@ -39,6 +39,9 @@ EXAMPLES = {
     "corpus": "bert-suite corpus --output_dir corpus\n"
               "  bert-suite corpus --from_task sst2 --data_dir glue/SST-2 --output_dir tapt",
     "demo": "bert-suite demo --output_dir runs/demo",
+    "ablation": "bert-suite ablation recipes/ablations/table5.yaml --output_dir runs/table5 --workers 2\n"
+                "  bert-suite ablation my_study.yaml --output_dir runs/study --variant mlm --until pretraining  "
+                "(one machine per variant)",
     "decontaminate": "bert-suite decontaminate --input corpus/*.txt --against glue/SST-2/dev.tsv --output_dir clean",
     "extract-features": "bert-suite extract-features --model bert-base-cased --input valid.txt --layers all "
                         "--pool weighted --output_dir feats/dev",
@@ -384,6 +387,25 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--max_steps", type=int, help="pre-training steps (default: 2000)")
     _add_precision_flag(demo, "pre-train and fine-tune")
     demo.set_defaults(func="_demo")
+
+    abl = sub.add_parser("ablation", help="a pre-training study from one file: corpus -> vocabulary -> instances -> "
+                         "N pre-trainings -> the same grid and seeds for each -> paired differences (Tables 5, 6, 8)")
+    abl.add_argument("study", metavar="ABLATION.yaml", help="the study file (recipes/ablations/*.yaml, or your own: "
+                     "docs/ablation.md); its paths are relative to it")
+    abl.add_argument("--output_dir", required=True, help="every stage's folder; rerun the command to resume (a stage "
+                     "made with other settings is refused)")
+    abl.add_argument("--until", choices=["pretraining", "compare"], default="compare",
+                     help="stop after this stage (default: compare, the whole study and its record)")
+    abl.add_argument("--variant", nargs="+", metavar="NAME", help="pre-train only these variants, then stop (one "
+                     "machine or GPU per variant, sharing --output_dir; rerun without it to fine-tune)")
+    abl.add_argument("--workers", type=int, default=1, help="processes sharing the fine-tuning grids, each with its "
+                     "share of the cores (default: 1)")
+    abl.add_argument("--storage", help="Optuna storage URL shared by every worker, as compare's (default: grid.db in "
+                     "each grid's folder)")
+    abl.add_argument("--results_dir", metavar="DIR", help="also write the record there as STEM.json, STEM.md and "
+                     "STEM.png (STEM: the study file's name)")
+    abl.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)  # a --workers helper: grids only
+    abl.set_defaults(func="_ablation")
 
     small = sub.add_parser("squad-small", help="split SQuAD v1.1's dev set by article into the squad_small task's "
                            "train.json and dev.json")

@@ -68,6 +68,9 @@ class PretrainConfig:
     per_device_eval_batch_size: int = 64
     save_steps: int = 1000
     save_total_limit: int = 2
+    # steps at which the model is also saved as a from_pretrained folder, output_dir/snapshots/step-N, and kept
+    # (a curve of fine-tuning scores against pre-training steps: the paper's Figure 5); the last step is final/
+    snapshot_steps: list[int] = field(default_factory=list)
     resume_from_checkpoint: str | None = "auto"  # auto: latest in output_dir/checkpoints; null: start over
     report_to: str = "tensorboard"  # tensorboard, none, or any accelerate tracker name
     dataloader_num_workers: int = 0
@@ -84,10 +87,10 @@ _FIELDS = {f.name: f for f in dataclasses.fields(PretrainConfig)}
 _HINTS = typing.get_type_hints(PretrainConfig)
 
 
-def _coerce(source: str, key: str, value):
-    """Check (and, for command-line strings, convert) `value` against the field's type."""
-    hint = _HINTS[key]
-    options = typing.get_args(hint) or (hint,)
+def _coerce(source: str, key: str, value, hint=None):
+    """Check (and, for command-line strings, convert) `value` against the field's type (`hint`: a list's items)."""
+    hint = hint or _HINTS[key]
+    options = (hint,) if typing.get_origin(hint) is list else typing.get_args(hint) or (hint,)
     if value is None:
         if type(None) in options:
             return None
@@ -120,7 +123,17 @@ def _coerce(source: str, key: str, value):
         elif kind is dict:
             if isinstance(value, dict):
                 return value
-    names = " or ".join("null" if k is type(None) else k.__name__ for k in options)
+        elif typing.get_origin(kind) is list:  # a YAML list, or from the command line 2500,5000 or [2500, 5000]
+            items = value
+            if isinstance(value, str):
+                items = [v for v in value.strip().strip("[]").split(",") if v.strip()]
+            if isinstance(items, (list, tuple)):
+                try:
+                    return [_coerce(source, key, v, typing.get_args(kind)[0]) for v in items]
+                except PretrainConfigError:
+                    pass
+    names = " or ".join("null" if k is type(None) else "a list of " + typing.get_args(k)[0].__name__
+                        if typing.get_origin(k) is list else k.__name__ for k in options)
     raise PretrainConfigError(f"{source}: {key} must be {names}, got {type(value).__name__} {value!r}")
 
 
@@ -188,6 +201,8 @@ def validate(cfg: PretrainConfig, source: str) -> PretrainConfig:
     for key in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
         if getattr(cfg, key) is not None and not 0 <= getattr(cfg, key) < 1:
             bad(key, "must be in [0, 1) or null")
+    if any(not 1 <= s <= cfg.max_steps for s in cfg.snapshot_steps):
+        bad("snapshot_steps", f"must be steps between 1 and max_steps ({cfg.max_steps})")
     if cfg.push_to_hub and not cfg.hub_model_id:
         bad("hub_model_id", "is required with push_to_hub")
     if cfg.causal_attention and cfg.use_nsp:
