@@ -361,3 +361,120 @@ def write_squad_like(folder: Path, version_2: bool, n_train=400, n_dev=150, seed
     (folder / "train.json").write_text(json.dumps(article(n_train, "t")))
     (folder / "dev.json").write_text(json.dumps(article(n_dev, "d")))
     return folder
+
+
+# ---------------------------------------------------------------------------------- ablation studies
+
+ABLATION_WORDS = "alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima".split()
+
+
+def write_ablation_data(root: Path, seed: int = 0) -> Path:
+    """A stand-in for the shared data folder the shipped studies read (BERT_SUITE_DATA): the corpus files at
+    their paths (documents whose sentences draw on one topic's words), learnable GLUE tasks in their
+    distribution layouts (the label says which half of the words the last sentence comes from), a SQuAD v1.1
+    dev set of eight articles (the answer to "which colour ?" is the colour in the context) and CoNLL-2003
+    files. One corpus sentence repeats a dev sentence of 8+ words, so decontamination has something to remove."""
+    rng = random.Random(seed)
+    low, high = ABLATION_WORDS[:6], ABLATION_WORDS[6:]
+
+    def sentence(words, n=None):
+        return " ".join(rng.choice(words) for _ in range(n or rng.randint(4, 7)))
+
+    planted = sentence(low, 9)
+    docs = ["\n".join(sentence(rng.choice([low, high])) + " ." for _ in range(rng.randint(3, 6))) for _ in range(80)]
+    corpus = root / "corpus"
+    for relative in ("gutenberg/book.txt", "wikitext-2-raw/wiki.test.raw", "nltk/movie_reviews.txt", "nltk/brown.txt",
+                     "nltk/state_union/2000.txt"):
+        (corpus / relative).parent.mkdir(parents=True, exist_ok=True)
+        part = docs[:20] + ([planted] if relative.startswith("gutenberg") else [])
+        docs = docs[20:] + docs[:20]
+        (corpus / relative).write_text("\n\n".join(part) + "\n")
+
+    def pair(n, regression=False):
+        rows = []
+        for _ in range(n):
+            positive = rng.random() < 0.5
+            s2 = sentence(low if positive else high, 3)
+            rows.append((sentence(ABLATION_WORDS), s2, ("5.000" if positive else "0.000") if regression else
+                         str(int(positive))))
+        return rows
+
+    glue = root / "glue"
+    for name in ("MRPC", "STS-B", "RTE", "SST-2", "CoLA"):
+        (glue / name).mkdir(parents=True, exist_ok=True)
+    for split, n in (("train", 80), ("dev", 30), ("test", 10)):
+        rows = pair(n)
+        if split == "dev":
+            rows[0] = (planted, rows[0][1], rows[0][2])
+        labelled = split != "test"
+        (glue / "MRPC" / f"{split}.tsv").write_text("Quality\t#1 ID\t#2 ID\t#1 String\t#2 String\n" + "".join(
+            f"{lab if labelled else 0}\t{i}\t{i + 1}\t{a}\t{b}\n" for i, (a, b, lab) in enumerate(rows)))
+        (glue / "RTE" / f"{split}.tsv").write_text("index\tsentence1\tsentence2" + ("\tlabel" if labelled else "") + "\n"
+            + "".join(f"{i}\t{a}\t{b}" + (f"\t{'entailment' if lab == '1' else 'not_entailment'}" if labelled else "")
+                      + "\n" for i, (a, b, lab) in enumerate(rows)))
+        scored = pair(n, regression=True)
+        (glue / "STS-B" / f"{split}.tsv").write_text(
+            "index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2" + ("\tscore" if labelled
+                                                                                            else "") + "\n"
+            + "".join(f"{i}\tmain\tx\t2012\t{i}\tnone\tnone\t{a}\t{b}" + (f"\t{s}" if labelled else "") + "\n"
+                      for i, (a, b, s) in enumerate(scored)))
+        single = [(b, lab) for _, b, lab in pair(n + (40 if split == "train" else 0))]
+        (glue / "SST-2" / f"{split}.tsv").write_text(("sentence\tlabel\n" if labelled else "index\tsentence\n") + "".join(
+            (f"{s}\t{lab}\n" if labelled else f"{i}\t{s}\n") for i, (s, lab) in enumerate(single)))
+        if labelled:
+            (glue / "CoLA" / f"{split}.tsv").write_text("".join(f"src\t{lab}\t\t{s}\n" for s, lab in single[:n]))
+        else:
+            (glue / "CoLA" / "test.tsv").write_text("index\tsentence\n" + "".join(f"{i}\t{s}\n" for i, (s, _) in
+                                                                                 enumerate(single)))
+    colours = ["red", "blue", "green"]
+    articles = []
+    for a in range(8):
+        paragraphs = []
+        for p in range(10):
+            words = [rng.choice(ABLATION_WORDS) for _ in range(rng.randint(8, 14))]
+            at = rng.randrange(len(words) + 1)
+            colour = rng.choice(colours)
+            start = len(" ".join(words[:at])) + (1 if at else 0)
+            words.insert(at, colour)
+            paragraphs.append({"context": " ".join(words), "qas": [{"id": f"q{a}-{p}", "question": "which colour ?",
+                                                                   "answers": [{"text": colour, "answer_start": start}]}]})
+        articles.append({"title": f"article {a}", "paragraphs": paragraphs})
+    (root / "squad").mkdir(parents=True, exist_ok=True)
+    (root / "squad" / "dev-v1.1.json").write_text(json.dumps({"version": "1.1", "data": articles}))
+    write_synthetic(root / "conll2003", seed)
+    return root
+
+
+def smoke_study(shipped: Path, folder: Path, steps: int = 8, max_tasks: int = 2) -> Path:
+    """A shipped study file at smoke size, written to `folder`: the same variants, contrasts and curve, the
+    corpus and tasks of BERT_SUITE_DATA (write_ablation_data), a small vocabulary, a few steps of tiny batches,
+    two seeds, one setting and one epoch, and at most `max_tasks` of its tasks with label counts cut to fit."""
+    import yaml
+
+    study = yaml.safe_load(shipped.read_text())
+    study["vocabulary"] = {"vocab_size": 80, "lowercase": True} if "vocab_size" in study["vocabulary"] else {
+        "vocab_file": str(folder / "vocab.txt")}
+    (folder / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", ".", "?", "which",
+                                                 "colour", "red", "blue", "green", *ABLATION_WORDS]) + "\n")
+    study["instances"] = {**study.get("instances", {}), "max_seq_length": 32, "dupe_factor": 1}
+    if study["instances"].get("phase2_length"):
+        study["instances"]["phase2_length"] = 64
+    pre = study["pretraining"]
+    pre.pop("minutes", None)
+    scale = steps / pre.pop("steps", steps)
+    pre.update(steps=steps, per_device_train_batch_size=8, eval_batches=1, max_predictions_per_seq=6)
+    if "per_device_train_batch_size_phase2" in pre:
+        pre.update(per_device_train_batch_size_phase2=4, max_predictions_per_seq_phase2=12)
+    if pre.get("checkpoints"):  # the last two, scaled
+        pre["checkpoints"] = sorted({max(1, round(s * scale)) for s in pre["checkpoints"]})[-2:]
+    cut = lambda key: key.split("@")[0] + ("@40" if "@" in key else "")  # noqa: E731
+    tasks = study["compare"]["tasks"][:max_tasks]
+    study["compare"]["tasks"] = [cut(t) if isinstance(t, str) else {**t, "task": cut(t["task"]),
+                                                                       **({"epochs": [1]} if "epochs" in t else {})}
+                                 for t in tasks]
+    study["compare"].update(seeds=[1, 2], learning_rates=[1e-3], epochs=[1], batch_sizes=[16])
+    if "curve" in study:
+        study["curve"]["tasks"] = [cut(t) for t in study["curve"]["tasks"]][:1]
+    path = folder / shipped.name
+    path.write_text(yaml.safe_dump(study, sort_keys=False))
+    return path

@@ -785,7 +785,7 @@ def fine_tune(study: Study, out: Path, runs: dict[str, Path], steps: int, data_d
                 folder = runs[name] / ("final" if step == steps else f"snapshots/step-{step}")
                 start = str(fine_tuning_checkpoint(folder, study.size(name)))
                 model = Model(f"{name}@{step}", start, start, False, False)
-                log(f"[compare] {key} with {model.name}")
+                log(f"curve: curve, {key} with {model.name} ({start})")
                 scores = grid_scores(task, model, curve_spaces[key], out / "curve" / key / model.name, storage,
                                      max_len, None, overrides)
                 chosen = choose_setting(scores, study.compare["seeds"])
@@ -886,7 +886,10 @@ def plot(record: dict, path: Path) -> Path:
                 points = by_task[key]
                 ax.errorbar([p["step"] for p in points], [p["mean"] for p in points],
                             yerr=[p["se"] or 0 for p in points], marker="o", capsize=3, label=name)
+        steps = sorted({p["step"] for by_task in record["curve"].values() for p in by_task.get(key, [])})
         ax.set_xscale("log")
+        ax.minorticks_off()
+        ax.set_xticks(steps, labels=[f"{s:,}" for s in steps])
         ax.set(xlabel="pre-training steps", ylabel="dev score (0-100)", title=f"{key}: score against steps")
         ax.legend(fontsize=8)
     return save_figure(fig, path)

@@ -1,0 +1,227 @@
+"""`bert-suite ablation`: the shipped studies end to end at smoke size, a run killed in pre-training and again
+in fine-tuning that resumes to the same record, and the file's bad input, each refused before anything is
+written."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from bert_suite.ablation import AblationError, load_study
+from bert_suite_cli import main
+from helpers import REPO, smoke_study, write_ablation_data
+
+SHIPPED = REPO / "recipes" / "ablations"
+RECORD_KEYS = {"baseline", "seeds", "models", "tasks", "pretraining", "contrasts", "curve", "curve_contrasts",
+               "ablation", "command"}
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    return write_ablation_data(tmp_path_factory.mktemp("ablation-data"))
+
+
+@pytest.fixture
+def shared(data, monkeypatch):
+    monkeypatch.setenv("BERT_SUITE_DATA", str(data))
+    return data
+
+
+def run(*args: str) -> int:
+    return main(["ablation", *map(str, args)])
+
+
+def check_record(record: dict, study: Path) -> None:
+    """The issue's shape: compare.json's keys plus pretraining, contrasts, curve, ablation and command."""
+    raw = yaml.safe_load(study.read_text())
+    assert RECORD_KEYS <= set(record)
+    assert list(record["models"]) == list(raw["variants"])
+    assert record["ablation"] == raw
+    pre = [name for name, spec in raw["variants"].items() if "from" not in (spec or {})]
+    assert list(record["pretraining"]) == pre
+    for facts in record["pretraining"].values():
+        assert {"steps", "minutes", "tokens", "held_out_accuracy", "accuracy_kind", "not_next_share"} <= set(facts)
+        assert facts["steps"] == raw["pretraining"]["steps"] and facts["tokens"] > 0
+    for label in (c["label"] for c in raw.get("contrasts", [])):
+        assert set(record["contrasts"][label]) == set(record["tasks"])
+        for d in record["contrasts"][label].values():
+            assert set(d) == {"difference", "se", "ci95", "verdict"}
+    for name in raw.get("curve", {}).get("variants", []):
+        for points in record["curve"][name].values():
+            assert [p["step"] for p in points] == raw["pretraining"]["checkpoints"]
+            assert all(len(p["scores"]) == len(raw["compare"]["seeds"]) for p in points)
+
+
+def test_table5_end_to_end_at_smoke_size(shared, tmp_path, report):
+    study = smoke_study(SHIPPED / "table5.yaml", tmp_path)
+    out, results = tmp_path / "out", tmp_path / "results"
+    assert run(study, "--output_dir", out, "--results_dir", results) == 0
+    record = json.loads((out / "ablation.json").read_text())
+    check_record(record, study)
+    assert record["pretraining"]["ltr"]["accuracy_kind"] == "next_token"
+    assert record["pretraining"]["mlm_nsp"]["accuracy_kind"] == "mlm"
+    assert record["models"]["random"]["random_init"] and record["models"]["ltr_bilstm"]["bilstm"]
+    # the curve's last point is the compare stage's own grid when the task is compared, else the final checkpoint's
+    assert set(record["curve"]) == {"mlm_nsp", "ltr"}
+    assert (out / "pretraining" / "mlm_nsp" / "snapshots" / "step-4" / "config.json").is_file()
+    assert not (out / "pretraining" / "mlm" / "snapshots").exists()  # not a curve variant: no snapshots
+    decontaminated = json.loads((out / "corpus" / "clean" / "decontamination.json").read_text())
+    assert decontaminated["sentences_removed"] >= 1  # the planted dev sentence
+    for suffix in ("json", "md", "png"):
+        assert (results / f"table5.{suffix}").is_file() and (out / f"ablation.{suffix}").is_file()
+    assert json.loads((results / "table5.json").read_text()) == record
+    md = (out / "ablation.md").read_text()
+    assert "what NSP adds" in md and "Fine-tuning score against pre-training steps" in md
+    # a second run is all skips: the same record
+    assert run(study, "--output_dir", out) == 0
+    assert json.loads((out / "ablation.json").read_text())["tasks"] == record["tasks"]
+
+
+def small_study(folder: Path, data: Path, **changes) -> Path:
+    """A study of one pre-training and its random twin on the RTE-like task, with a curve: the least that runs
+    every stage. `changes`: top-level sections replaced or updated (a None value drops the key)."""
+    study = {
+        "corpus": {"files": [str(data / "corpus" / "gutenberg" / "*.txt"), str(data / "corpus" / "nltk" / "brown.txt")],
+                   "task_texts": ["rte"], "decontaminate": True},
+        "vocabulary": {"vocab_size": 60, "lowercase": True},
+        "instances": {"max_seq_length": 32, "dupe_factor": 2},
+        "pretraining": {"steps": 6, "checkpoints": [3, 6], "model_size": "tiny", "per_device_train_batch_size": 8,
+                        "max_predictions_per_seq": 6, "eval_batches": 1, "learning_rate": 3e-3},
+        "variants": {"pre": {}, "random": {"from": "pre", "random_init": True}},
+        "compare": {"baseline": "pre", "seeds": [1, 2], "tasks": ["rte"], "learning_rates": [3e-3], "epochs": [3],
+                    "batch_sizes": [16], "data_dir": [str(data / "glue")]},
+        "curve": {"variants": ["pre"], "tasks": ["rte"]},
+        "contrasts": [{"first": "pre", "second": "random", "label": "what pre-training adds"}],
+    }
+    for key, value in changes.items():
+        if value is None:
+            study.pop(key)
+        elif isinstance(value, dict) and isinstance(study.get(key), dict):
+            study[key] = {k: v for k, v in {**study[key], **value}.items() if v is not None}
+        else:
+            study[key] = value
+    path = folder / "study.yaml"
+    path.write_text(yaml.safe_dump(study, sort_keys=False))
+    return path
+
+
+def cli(*args, failpoint: str | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    env.pop("BERT_SUITE_FAILPOINT", None)
+    if failpoint:
+        env["BERT_SUITE_FAILPOINT"] = failpoint
+    return subprocess.run([str(Path(sys.executable).parent / "bert-suite"), "ablation", *map(str, args)], env=env,
+                          capture_output=True, text=True)
+
+
+def without_timing(record: dict, out: Path) -> dict:
+    """The record with its wall times left out and its output folder named OUT (two runs in two folders)."""
+    record = json.loads(json.dumps(record).replace(str(out), "OUT"))
+    for facts in record["pretraining"].values():
+        facts.pop("minutes")
+    return record
+
+
+def test_a_run_killed_in_pretraining_and_in_fine_tuning_resumes_to_the_same_record(data, tmp_path, report):
+    study = small_study(tmp_path, data)
+    whole, killed = tmp_path / "whole", tmp_path / "killed"
+    done = cli(study, "--output_dir", whole)
+    assert done.returncode == 0, done.stderr[-3000:]
+    first = cli(study, "--output_dir", killed, failpoint="pretrain.step:4")  # the recipe dies after step 3's checkpoint
+    assert first.returncode == 2 and "pre-training failed" in first.stderr
+    assert not (killed / "pretraining" / "pre" / "final").exists()
+    second = cli(study, "--output_dir", killed, failpoint="grid.trial_trained:2")  # this process dies in a grid
+    assert second.returncode == -9, second.stderr[-3000:]
+    assert "resumed from" in (killed / "logs" / "pretraining-pre.log").read_text()
+    assert not (killed / "ablation.json").exists()
+    third = cli(study, "--output_dir", killed)
+    assert third.returncode == 0, third.stderr[-3000:]
+    record = json.loads((whole / "ablation.json").read_text())
+    assert without_timing(json.loads((killed / "ablation.json").read_text()), killed) == without_timing(record, whole)
+    # the task is learnable: the pre-trained tiny model beats chance (50%) on the dev set
+    scores = record["tasks"]["rte"]["models"]["pre"]["scores"]
+    report("ablation: RTE-like dev accuracy of the 6-step model (seeds 1, 2)", scores)
+    assert min(scores) > 60
+    assert [p["step"] for p in record["curve"]["pre"]["rte"]] == [3, 6]
+    assert record["curve"]["pre"]["rte"][-1]["scores"] == scores  # the last point is the compare stage's grid
+
+
+BAD = [  # (changes to small_study, what the one line must say)
+    ({"varaints": {}}, "varaints: unknown key; did you mean variants?"),
+    ({"variants": {"pre": {"lerning_rate": 1e-3}}}, "variants.pre.lerning_rate: unknown recipe key; did you mean "
+                                                    "learning_rate?"),
+    ({"variants": {"pre": {"use_nsp": "maybe"}}}, "variants.pre.use_nsp: use_nsp must be bool"),
+    ({"variants": {"pre": {"output_dir": "x"}}}, "variants.pre.output_dir: set by the study"),
+    ({"variants": {"random": {"from": "nothing", "random_init": True}}}, "variants.random.from: nothing is not a variant"),
+    ({"variants": {"lstm": {"from": "random", "bilstm": True}}}, "variants.lstm.from: random is a fine-tuning-only "
+                                                                 "variant; expected a pre-trained one (pre)"),
+    ({"variants": {"random": {"from": "pre"}}}, "variants.random: expected one of random_init: true or bilstm: true"),
+    ({"compare": {"baseline": "bert"}}, "compare.baseline: bert is not a variant; expected one of pre, random"),
+    ({"contrasts": [{"first": "pre", "second": "ltr", "label": "x"}]}, "contrasts[0].second: ltr is not a variant"),
+    ({"curve": {"variants": ["ltr"], "tasks": ["rte"]}}, "curve.variants: ltr is not a variant"),
+    ({"curve": {"variants": ["random"], "tasks": ["rte"]}}, "curve.variants: random is fine-tuning only"),
+    ({"pretraining": {"checkpoints": [3, 60]}}, "pretraining.checkpoints: step 60 is beyond the 6 steps"),
+    ({"pretraining": {"checkpoints": None}}, "curve: pretraining.checkpoints is empty"),
+    ({"pretraining": {"minutes": 5}}, "pretraining: expected exactly one of steps (equal steps) or minutes"),
+    ({"pretraining": {"steps": None}}, "pretraining: expected exactly one of steps"),
+    ({"corpus": {"files": ["no/such/*.txt"]}}, "corpus.files: no/such/*.txt matches no file"),
+    ({"vocabulary": {"vocab_file": "vocab.txt"}}, "vocabulary: expected vocab_size (with lowercase) or vocab_file"),
+    ({"compare": {"tasks": ["nosuchtask"]}}, "compare: task nosuchtask"),
+    ({"compare": {"seeds": [1]}}, "compare.seeds: expected two or more distinct seeds"),
+    ({"compare": {"tasks": [{"task": "rte", "learning_rate": [1e-3]}]}}, "compare.tasks[].learning_rate: unknown key; "
+                                                                         "did you mean learning_rates?"),
+    ({"corpus": {"files": ["${NO_SUCH_VARIABLE}/x.txt"]}}, "corpus.files: ${NO_SUCH_VARIABLE} is not set"),
+]
+
+
+@pytest.mark.parametrize("changes, message", [case for case in BAD if case[1]],
+                         ids=[case[1].split(":")[0] for case in BAD if case[1]])
+def test_bad_input_is_one_line_naming_the_file_and_key_before_anything_is_written(data, tmp_path, capsys, changes,
+                                                                                    message):
+    study = small_study(tmp_path, data, **changes)
+    out = tmp_path / "out"
+    assert run(study, "--output_dir", out) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"bert-suite ablation: error: {study}: ") and message in err, err
+    assert len(err.splitlines()) == 1 and not out.exists()
+
+
+def test_a_corpus_empty_after_decontamination_stops_before_any_training(data, tmp_path, capsys):
+    dev = [line.split("\t")[3] for line in (data / "glue" / "MRPC" / "dev.tsv").read_text().splitlines()[1:]]
+    long = [s for s in dev if len(s.split()) >= 8]
+    (tmp_path / "dev_copy.txt").write_text("\n".join(long) + "\n")
+    study = small_study(tmp_path, data, corpus={"files": [str(tmp_path / "dev_copy.txt")], "task_texts": []},
+                        compare={"tasks": ["mrpc"]})
+    assert run(study, "--output_dir", tmp_path / "out") == 2
+    err = capsys.readouterr().err
+    assert f"{study}: corpus: " in err and "nothing is left" in err
+    assert not (tmp_path / "out" / "pretraining").exists()
+
+
+def test_an_output_dir_made_with_other_settings_is_refused_naming_the_stage(data, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert run(small_study(tmp_path, data), "--output_dir", out, "--until", "pretraining") == 0
+    assert (out / "pretraining" / "pre" / "final" / "config.json").is_file() and not (out / "compare").exists()
+    assert run(small_study(tmp_path, data, vocabulary={"vocab_size": 70}), "--output_dir", out) == 2
+    assert "the vocabulary stage was made with other settings (vocab_size" in capsys.readouterr().err
+    changed = small_study(tmp_path, data, variants={"pre": {"learning_rate": 1e-3}})
+    assert run(changed, "--output_dir", out) == 2
+    assert "the pretraining/pre stage was made with other settings (overrides" in capsys.readouterr().err
+
+
+def test_the_file_is_read_as_written_with_paths_relative_to_it(data, tmp_path, monkeypatch):
+    monkeypatch.setenv("BERT_SUITE_DATA", str(data))
+    study = load_study(SHIPPED / "table5.yaml")
+    assert study.files[0].parent == data / "corpus" / "gutenberg"
+    assert study.compare["data_dir"] == [str(data / "glue"), f"squad_small={data / 'squad' / 'dev-v1.1.json'}"]
+    assert study.pretrained == ["mlm_nsp", "mlm", "ltr"] and study.variants["random"].source == "mlm_nsp"
+    monkeypatch.delenv("BERT_SUITE_DATA")
+    (tmp_path / "corpus.txt").write_text("one two three .\n")
+    rel = small_study(tmp_path, data, corpus={"files": ["corpus.txt"], "task_texts": []})
+    assert load_study(rel).files == [tmp_path / "corpus.txt"]
+    with pytest.raises(AblationError, match="the recipe reads|use_nsp must be false"):
+        load_study(small_study(tmp_path, data, variants={"pre": {"causal_attention": True}}))
