@@ -445,10 +445,11 @@ def write_ablation_data(root: Path, seed: int = 0) -> Path:
     return root
 
 
-def smoke_study(shipped: Path, folder: Path, steps: int = 8, max_tasks: int = 2) -> Path:
+def smoke_study(shipped: Path, folder: Path, steps: int = 8, tasks: tuple = (0, 1)) -> Path:
     """A shipped study file at smoke size, written to `folder`: the same variants, contrasts and curve, the
-    corpus and tasks of BERT_SUITE_DATA (write_ablation_data), a small vocabulary, a few steps of tiny batches,
-    two seeds, one setting and one epoch, and at most `max_tasks` of its tasks with label counts cut to fit."""
+    corpus and tasks of BERT_SUITE_DATA (write_ablation_data), a small vocabulary, a few steps of tiny batches
+    (or 3 seconds for a study planned in minutes), two seeds, one setting and one epoch, and the tasks at the
+    indices `tasks` with label counts cut to fit."""
     import yaml
 
     study = yaml.safe_load(shipped.read_text())
@@ -460,18 +461,20 @@ def smoke_study(shipped: Path, folder: Path, steps: int = 8, max_tasks: int = 2)
     if study["instances"].get("phase2_length"):
         study["instances"]["phase2_length"] = 64
     pre = study["pretraining"]
-    pre.pop("minutes", None)
-    scale = steps / pre.pop("steps", steps)
-    pre.update(steps=steps, per_device_train_batch_size=8, eval_batches=1, max_predictions_per_seq=6)
+    if "minutes" in pre:
+        pre["minutes"] = 0.05
+    else:
+        scale = steps / pre["steps"]
+        pre["steps"] = steps
+    pre.update(per_device_train_batch_size=8, eval_batches=1, max_predictions_per_seq=6)
     if "per_device_train_batch_size_phase2" in pre:
         pre.update(per_device_train_batch_size_phase2=4, max_predictions_per_seq_phase2=12)
     if pre.get("checkpoints"):  # the last two, scaled
         pre["checkpoints"] = sorted({max(1, round(s * scale)) for s in pre["checkpoints"]})[-2:]
     cut = lambda key: key.split("@")[0] + ("@40" if "@" in key else "")  # noqa: E731
-    tasks = study["compare"]["tasks"][:max_tasks]
     study["compare"]["tasks"] = [cut(t) if isinstance(t, str) else {**t, "task": cut(t["task"]),
                                                                        **({"epochs": [1]} if "epochs" in t else {})}
-                                 for t in tasks]
+                                 for i, t in enumerate(study["compare"]["tasks"]) if i in tasks]
     study["compare"].update(seeds=[1, 2], learning_rates=[1e-3], epochs=[1], batch_sizes=[16])
     if "curve" in study:
         study["curve"]["tasks"] = [cut(t) for t in study["curve"]["tasks"]][:1]

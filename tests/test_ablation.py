@@ -225,3 +225,29 @@ def test_the_file_is_read_as_written_with_paths_relative_to_it(data, tmp_path, m
     assert load_study(rel).files == [tmp_path / "corpus.txt"]
     with pytest.raises(AblationError, match="the recipe reads|use_nsp must be false"):
         load_study(small_study(tmp_path, data, variants={"pre": {"causal_attention": True}}))
+
+
+# payoff plans its steps from calibration runs; table6 and table8 (3 and 6 pre-trainings, 55 and 80 s) are slow
+@pytest.mark.parametrize("name, tasks", [("payoff", (0, 4)), pytest.param("table6", (0, 1), marks=pytest.mark.slow),
+                                         pytest.param("table8", (0, 5), marks=pytest.mark.slow)])
+def test_each_shipped_study_runs_end_to_end_at_smoke_size(shared, tmp_path, report, name, tasks):
+    study = smoke_study(SHIPPED / f"{name}.yaml", tmp_path, tasks=tasks)
+    out = tmp_path / "out"
+    assert run(study, "--output_dir", out) == 0
+    record = json.loads((out / "ablation.json").read_text())
+    raw = yaml.safe_load(study.read_text())
+    if "minutes" in raw["pretraining"]:  # steps planned from the calibration runs, the same for every variant
+        raw["pretraining"]["steps"] = next(iter(record["pretraining"].values()))["steps"]
+        assert (out / "calibration" / "pretrained" / "calibration.json").is_file()
+        study.write_text(yaml.safe_dump(raw, sort_keys=False))
+        record["ablation"] = raw
+    check_record(record, study)
+    assert record["left_out"] == []
+    if name == "table8":  # the NER column's feature-based route: one tagger per variant and seed
+        key = "conll2003 (feature-based)"
+        assert list(record["tasks"]) == ["mrpc", key] and record["tasks"][key]["metric"] == "f1"
+        assert len(list((out / "features" / "conll2003" / "mask0_same0_rnd100").glob("tagger-*-seed*"))) == 2
+    if name == "table6":
+        sizes = {n: json.loads((out / "pretraining" / n / "final" / "config.json").read_text())["hidden_size"]
+                 for n in ("tiny", "mini", "small")}
+        assert sizes == {"tiny": 128, "mini": 256, "small": 512}

@@ -58,7 +58,8 @@ SECTIONS = {  # key -> its keys (None: free text; pretraining also takes the rec
     "contrasts": (),
 }
 REQUIRED = ("corpus", "vocabulary", "pretraining", "variants", "compare")
-TASK_KEYS = ("task", "metric", "learning_rates", "batch_sizes", "epochs")
+TASK_KEYS = ("task", "metric", "learning_rates", "batch_sizes", "epochs", "feature_based", "optional")
+FEATURE_LAYERS = 4  # Table 8's feature-based column: the last four layers (all, in a smaller model), concatenated
 # recipe keys the study sets itself, from its stages and its `steps`
 OWNED = ("train_data", "train_data_phase2", "tokenizer", "output_dir", "max_steps", "phase1_fraction",
          "snapshot_steps", "resume_from_checkpoint")
@@ -104,6 +105,7 @@ class Study:
     curve_variants: list[str]
     curve_tasks: list[str]
     contrasts: list[dict]
+    left_out: list[str] = field(default_factory=list)  # optional tasks without data
 
     @property
     def pretrained(self) -> list[str]:
@@ -130,7 +132,9 @@ def load_study(path: str | Path) -> Study:
     except OSError as err:
         raise AblationError(f"{path}: cannot read the study file ({err.strerror})") from None
     except yaml.YAMLError as err:
-        raise AblationError(f"{path}: not YAML ({str(err).splitlines()[0]})") from None
+        mark = getattr(err, "problem_mark", None)
+        where = f"line {mark.line + 1}: " if mark else ""
+        raise AblationError(f"{path}: {where}not YAML ({getattr(err, 'problem', None) or err})") from None
 
     def bad(key: str, why: str):
         raise AblationError(f"{path}: {key}: {why}")
@@ -278,10 +282,27 @@ def load_study(path: str | Path) -> Study:
             if key in entry:
                 entry[key] = listed(f"compare.tasks[{entry['task']}].{key}", entry[key], (int, float), "numbers")
         tasks.append({"key": entry.pop("task"), "metric": None, "learning_rates": None, "batch_sizes": None,
-                      "epochs": None, **entry})
+                      "epochs": None, "feature_based": False, "optional": False, **entry})
     if not tasks:
         bad("compare.tasks", "none; expected TASK[@LABELS] strings or {task, metric, learning_rates, ...} mappings")
-    _check_tasks(tasks, comp["data_dir"], bad)
+    for task in tasks:
+        task["record_key"] = task["key"] + " (feature-based)" if task["feature_based"] else task["key"]
+    left_out = [t["record_key"] for t in tasks if t["optional"] and not _has_data(t["key"], comp["data_dir"])]
+    tasks = [t for t in tasks if t["record_key"] not in left_out]
+    _check_tasks([t for t in tasks if not t["feature_based"]], comp["data_dir"], bad)
+    for task in tasks:
+        if task["feature_based"]:
+            _check_tasks([task], comp["data_dir"], bad)
+    for task in tasks:
+        if task["feature_based"]:
+            if _card_family(task["key"]) != "ner":
+                bad(f"compare.tasks[{task['key']}].feature_based", "the feature-based route (Table 7) is for NER tasks")
+            tuned = [n for n, v in variants.items() if v.source is not None]
+            if tuned:
+                bad(f"compare.tasks[{task['key']}].feature_based", f"{', '.join(tuned)} fine-tune only; the "
+                    "feature-based route reads frozen pre-trained variants")
+    if not tasks:
+        bad("compare.tasks", f"every task is optional and has no data ({', '.join(left_out)})")
 
     curve = known("curve", raw.get("curve") or {}, SECTIONS["curve"])
     curve_variants = [variant("curve.variants", n) for n in listed("curve.variants", curve.get("variants", []), str,
@@ -306,7 +327,7 @@ def load_study(path: str | Path) -> Study:
     return Study(path, raw, str(raw.get("title") or path.stem), str(raw.get("notes") or ""), files, task_texts,
                  bool(corpus.get("decontaminate", True)), vocabulary.get("vocab_size"),
                  bool(vocabulary.get("lowercase", True)), vocab_file, instances, recipe, steps, minutes, checkpoints,
-                 warmup, variants, comp, tasks, curve_variants, curve_tasks, contrasts)
+                 warmup, variants, comp, tasks, curve_variants, curve_tasks, contrasts, left_out)
 
 
 def _recipe_keys(values: dict, where: str, bad) -> dict:
@@ -339,6 +360,24 @@ def _check_recipe(values: dict, steps: int | None, where: str, bad) -> None:
         validate(PretrainConfig(**filled), where)
     except PretrainConfigError as err:
         bad(where, str(err).split(": ", 1)[-1])
+
+
+def _card_family(key: str) -> str:
+    from .cards import load_card
+
+    return load_card(key.split("@")[0]).family
+
+
+def _has_data(key: str, data_dirs: list[str]) -> bool:
+    """Whether the task's train file is in its data folder."""
+    from .compare import CompareError, parse_tasks
+
+    try:
+        task = parse_tasks([key], data_dirs or None, None)[key]
+    except CompareError:
+        return False
+    spec = task.card.splits.get(task.card.train_split)
+    return task.data_dir is not None and spec is not None and (Path(task.data_dir) / (spec.file or "")).is_file()
 
 
 def _check_tasks(tasks: list[dict], data_dirs: list[str], bad) -> None:
@@ -685,6 +724,7 @@ def pretraining_record(study: Study, runs: dict[str, Path], data: dict[int, Path
         record[name] = {"steps": steps, "minutes": round(minutes_of(run), 2),
                         "tokens": int(sum(s * b * st["mean_instance_length"] for s, b, st in phases)),
                         "held_out_accuracy": last["eval_mlm_accuracy"],
+                        "held_out_perplexity": last["eval_mlm_perplexity"],  # Table 6's column (MLM models)
                         "accuracy_kind": "next_token" if config["causal_attention"] else "mlm",
                         "not_next_share": round(sum(s * st["not_next_share"] for s, _, st in phases) / steps, 4),
                         "precision": results.get("precision")}
@@ -729,7 +769,7 @@ def compare_models(study: Study, runs: dict[str, Path]) -> list[str]:
 def spaces_for(study: Study, tasks: dict) -> dict[str, dict]:
     from .grid import search_space
 
-    entries = {t["key"]: t for t in study.tasks}
+    entries = {t["key"]: t for t in study.tasks if not t["feature_based"]}
     spaces = {}
     for key, task in tasks.items():
         axes = {name: entries.get(key, {}).get(name) or study.compare[name]
@@ -749,8 +789,9 @@ def fine_tune(study: Study, out: Path, runs: dict[str, Path], steps: int, data_d
     from .report import choose_setting, mean_se
 
     models = parse_models(compare_models(study, runs))
-    keys = [t["key"] for t in study.tasks]
-    tasks = parse_tasks(keys, data_dirs or None, [f"{t['key']}={t['metric']}" for t in study.tasks if t["metric"]])
+    tuned = [t for t in study.tasks if not t["feature_based"]]
+    tasks = parse_tasks([t["key"] for t in tuned], data_dirs or None,
+                        [f"{t['key']}={t['metric']}" for t in tuned if t["metric"]])
     max_len = study.compare["max_seq_length"]
     try:
         check_tasks(tasks, next(iter(models.values())), max_len)
@@ -758,7 +799,8 @@ def fine_tune(study: Study, out: Path, runs: dict[str, Path], steps: int, data_d
         raise AblationError(f"{study.path}: compare: {err}") from None
     spaces = spaces_for(study, tasks)
     overrides = {"disable_tqdm": True}
-    total = len(tasks) * len(models) + len(study.curve_variants) * len(study.curve_tasks) * len(study.checkpoints)
+    total = len(tasks) * len(models) + len(study.curve_variants) * len(study.curve_tasks) * len(study.checkpoints) \
+        + (len(study.tasks) - len(tuned)) * len(models)
     clock = {"done": 0, "started": time.time()}
 
     def log(line: str) -> None:
@@ -769,7 +811,15 @@ def fine_tune(study: Study, out: Path, runs: dict[str, Path], steps: int, data_d
         clock["done"] += 1
 
     result = run_compare(models, tasks, study.compare["baseline"], study.compare["seeds"], spaces, out / "compare",
-                         storage, max_len, None, overrides, heartbeat_interval=30, grace_period=120, log=log)
+                         storage, max_len, None, overrides, heartbeat_interval=30, grace_period=120, log=log) \
+        if tasks else {"baseline": study.compare["baseline"], "seeds": study.compare["seeds"], "tasks": {},
+                       "models": {m.name: {"path": m.path, "random_init": m.random_init, "bilstm": m.bilstm}
+                                  for m in models.values()}}
+    if progress is not None:  # not in a --workers helper: the feature route is not shared
+        features = {t["record_key"]: feature_route(study, t, models, out, data_dirs, log) for t in study.tasks
+                    if t["feature_based"]}
+        result["tasks"] = {t["record_key"]: result["tasks"].get(t["record_key"]) or features[t["record_key"]]
+                           for t in study.tasks}
     curve: dict = {}
     curve_tasks = parse_tasks(study.curve_tasks, data_dirs or None, None) if study.curve_tasks else {}
     curve_spaces = {key: spaces.get(key) or spaces_for(study, {key: task})[key] for key, task in curve_tasks.items()}
@@ -797,6 +847,49 @@ def fine_tune(study: Study, out: Path, runs: dict[str, Path], steps: int, data_d
                 points.append({"step": step, "mean": mean, "se": se, "scores": per_seed})
             curve.setdefault(name, {})[key] = points
     return result, curve
+
+
+def feature_route(study: Study, entry: dict, models: dict, out: Path, data_dirs: list[str], log) -> dict:
+    """The feature-based route of Table 8's last column (Table 7's method) for an NER task: each variant's frozen
+    last four layers, concatenated, feed a two-layer BiLSTM tagger (as wide as the model) trained once per seed
+    and setting; its dev entity F1 is the score. Features in OUT/features/TASK/NAME, taggers beside them."""
+    import datasets
+
+    from .compare import Task, build_result, parse_tasks
+    from .feature_based import extract_features, train_tagger
+
+    task = parse_tasks([entry["key"]], data_dirs or None, None)[entry["key"]]
+    train_file, dev_file = (task.card.splits[s].file for s in (task.card.train_split, task.card.eval_splits[0]))
+    rates = entry["learning_rates"] or [1e-3]
+    epochs = entry["epochs"] or [4]
+    batch = (entry["batch_sizes"] or [32])[0]
+    found = {}
+    for name, model in models.items():
+        log(f"features: feature-based, {entry['key']} with {name}")
+        folder = out / "features" / task.card.name / name
+        config = json.loads((Path(model.path) / "config.json").read_text())
+        layers = ",".join(str(-i) for i in range(1, min(FEATURE_LAYERS, config["num_hidden_layers"]) + 1))
+        for split, file in (("train", train_file), ("dev", dev_file)):
+            if not (folder / split / "dataset_info.json").is_file():
+                extract_features(model.path, Path(task.data_dir) / file, folder / split, task.card, layers, "concat",
+                                 disable_tqdm=True)
+        train, dev = (datasets.load_from_disk(str(folder / split)) for split in ("train", "dev"))
+        if task.labels:
+            train = train.select(range(min(task.labels, len(train))))
+        scores: dict = {}
+        for rate in rates:
+            for count in epochs:
+                for seed in study.compare["seeds"]:
+                    tagger = folder / f"tagger-lr{rate:g}-e{count:g}-seed{seed}"
+                    done = tagger / "all_results.json"
+                    result = json.loads(done.read_text()) if done.is_file() else train_tagger(
+                        train, dev, task.card.labels, tagger, int(count), rate, batch, config["hidden_size"], seed,
+                        disable_tqdm=True)
+                    scores.setdefault((rate, batch, float(count)), {})[seed] = result["eval_f1"]
+        found[name] = scores
+    keyed = Task(entry["record_key"], task.card, task.labels, "f1", task.data_dir)
+    return build_result(study.compare["baseline"], study.compare["seeds"], models, {keyed.key: keyed},
+                        {keyed.key: found})["tasks"][keyed.key]
 
 
 def contrasts_of(study: Study, result: dict, curve: dict) -> tuple[dict, dict]:
@@ -862,6 +955,8 @@ def markdown(record: dict, study: Study, decontamination: dict | None) -> str:
     if decontamination:
         lines += [f"Corpus: {decontamination['sentences_removed']:,} of {decontamination['sentences']:,} sentences "
                   f"removed by {decontamination['ngram']}-gram decontamination.", ""]
+    if record.get("left_out"):
+        lines += [f"Left out (optional tasks with no data in compare.data_dir): {', '.join(record['left_out'])}.", ""]
     if study.notes:
         lines += [study.notes.strip(), ""]
     return "\n".join(lines)
@@ -929,6 +1024,8 @@ def run_ablation(path: str | Path, output_dir: str | Path, until: str = "compare
         vocab = build_vocabulary(study, out, corpus, progress)
         data = build_instances(study, out, corpus, vocab, progress)
         steps = plan_steps(study, out, data, vocab, progress)
+    if study.left_out:
+        progress.stage("compare", f"left out: {', '.join(study.left_out)} (optional, and no data in compare.data_dir)")
     if worker:  # a --workers helper: the grids only, once the pre-training is done
         runs = {name: out / "pretraining" / name for name in study.pretrained}
         fine_tune(study, out, runs, steps, data_dirs, storage, None)
@@ -951,7 +1048,7 @@ def run_ablation(path: str | Path, output_dir: str | Path, until: str = "compare
         raise AblationError(f"a --workers helper failed (exit codes {codes}); see {out / 'logs'}/compare-w*.log")
     contrasts, along = contrasts_of(study, result, curve)
     record = {**result, "pretraining": facts, "contrasts": contrasts, "curve": curve, "curve_contrasts": along,
-              "ablation": study.raw, "command": command}
+              "left_out": study.left_out, "ablation": study.raw, "command": command}
     write_record(record, study, out, decontamination if study.decontaminate else None,
                  Path(results_dir) if results_dir else None)
     progress.stage("record", f"done ({out / 'ablation.json'})")

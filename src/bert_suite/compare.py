@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -355,9 +356,12 @@ def bars(ax, result: dict) -> None:
         errors = [result["tasks"][t]["models"][name]["se"] or 0 for t in tasks]
         ax.bar([k + (i - (len(models) - 1) / 2) * width for k in range(len(tasks))], means, width, yerr=errors,
                capsize=2, label=name)
-    ax.set_xticks(range(len(tasks)), labels=[f"{t}\n({result['tasks'][t]['metric']})" for t in tasks])
+    ax.set_xticks(range(len(tasks)), labels=[textwrap.fill(f"{t} ({result['tasks'][t]['metric']})", 14)
+                                             for t in tasks])
     ax.set(ylabel="dev score (0-100)", title=f"mean ± SE over {len(result['seeds'])} seeds")
-    ax.legend(fontsize=8, ncols=min(len(models), 5), loc="upper center", bbox_to_anchor=(0.5, -0.15))
+    long = max(map(len, models)) > 12  # long names: one column beside the bars, not a row under them
+    ax.legend(fontsize=8, ncols=1 if long else min(len(models), 5), loc="center left" if long else "upper center",
+              bbox_to_anchor=(1.01, 0.5) if long else (0.5, -0.15))
 
 
 def write_outputs(out: Path, result: dict, grid: str = "", vocabularies: dict | None = None) -> None:
