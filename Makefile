@@ -113,17 +113,19 @@ pretrain: pretrain-data  ## pre-training with the recipe (PRETRAIN_CONFIG, PRETR
 demo: install  ## the embedded demo: corpus -> vocabulary -> pre-training -> grid
 	$(OFFLINE) $(BIN)/bert-suite demo --output_dir runs/demo
 
-# ---- The paper's Table 5 in miniature (docs/pretraining.md): three pre-trainings (MLM + NSP, MLM only,
-# left-to-right LM), then bert-suite compare with the + BiLSTM row and the random twin on SQuAD-small, MRPC,
-# STS-B, RTE and SST-2@1000. Hours on 2 CPU cores; rerun after a kill and it resumes. Needs ../shared/data.
+# ---- The paper's ablations (docs/ablation.md): `bert-suite ablation recipes/ablations/NAME.yaml`. `make table5`
+# runs Table 5 in miniature (MLM + NSP, MLM only, left-to-right; + BiLSTM and the random twin; a curve over
+# pre-training steps) and copies its record to benchmarks/results/table5_small.{json,md,png}. Hours on 2 CPU
+# cores; rerun after a kill and it resumes. Needs the data in BERT_SUITE_DATA (default: ../shared/data).
+TABLE5_OUT ?= runs/table5
 .PHONY: table5
 table5: install  ## Table 5 in miniature: benchmarks/results/table5_small.{json,md,png}
-	$(OFFLINE) $(BIN)/python benchmarks/table5_small.py --output_dir $(or $(TABLE5_OUT),runs/table5)
+	$(OFFLINE) $(BIN)/bert-suite ablation recipes/ablations/table5.yaml --output_dir $(TABLE5_OUT) --workers 2
+	for f in json md png; do cp $(TABLE5_OUT)/ablation.$$f benchmarks/results/table5_small.$$f; done
 
 # ---- Benchmarks (results: benchmarks/RESULTS.md). Each skips cleanly without ../shared/data. -----
-# The long ones are run on their own: bash benchmarks/glue_real_run.sh (about an hour on 2 cores),
-# python benchmarks/pretrain_payoff.py --output_dir runs/payoff --pretrain_minutes 55 --tapt (pre-training vs
-# random initialisation on SST-2, STS-B, MRPC, RTE, CoLA: an hour of pre-training, then the grids).
+# The long one is run on its own: bash benchmarks/glue_real_run.sh (about an hour on 2 cores); the studies of
+# models (which objective, size or masking wins) are ablation files: recipes/ablations/*.yaml.
 # `make bench`: the quick mode (9 minutes on a 2-core AVX-512 Xeon, more on slower CPUs); `make bench-full`: more steps,
 # repetitions, the whole RTE/MRPC train sets and the SQuAD processing benchmark. Results: runs/bench/*.json and the printed tables.
 .PHONY: bench bench-full

@@ -251,3 +251,58 @@ def test_each_shipped_study_runs_end_to_end_at_smoke_size(shared, tmp_path, repo
         sizes = {n: json.loads((out / "pretraining" / n / "final" / "config.json").read_text())["hidden_size"]
                  for n in ("tiny", "mini", "small")}
         assert sizes == {"tiny": 128, "mini": 256, "small": 512}
+
+
+def test_tokens_are_steps_times_batch_times_mean_length_per_phase_and_accuracy_is_the_last_evaluation(data, tmp_path):
+    from bert_suite.ablation import pretraining_record
+
+    study = load_study(small_study(tmp_path, data))
+    folders = {}
+    for length, mean, share in ((32, 30.0, 0.5), (64, 60.0, 0.52)):
+        folders[length] = tmp_path / f"data{length}"
+        folders[length].mkdir()
+        (folders[length] / "pretrain_data_stats.json").write_text(json.dumps({"mean_instance_length": mean,
+                                                                              "not_next_share": share}))
+    run = tmp_path / "pre"
+    run.mkdir()
+    config = {"phase1_fraction": 0.9, "train_data": str(folders[32]), "train_data_phase2": str(folders[64]),
+              "per_device_train_batch_size": 8, "per_device_train_batch_size_phase2": None, "causal_attention": False}
+    (run / "pretrain_results.json").write_text(json.dumps({"config": config, "precision": "fp32"}))
+    (run / "metrics.jsonl").write_text("\n".join(json.dumps(e) for e in (
+        {"step": 50, "eval_mlm_accuracy": 0.2, "eval_mlm_perplexity": 90.0}, {"step": 99, "mlm_loss": 3.0},
+        {"step": 100, "eval_mlm_accuracy": 0.25, "eval_mlm_perplexity": 60.0})) + "\n")
+    (run / "timing.json").write_text(json.dumps([{"seconds": 600}, {"seconds": 300}]))
+    facts = pretraining_record(study, {"pre": run}, folders, 100)["pre"]
+    # 90 steps of 8 at 30 tokens, then 10 of 8 (phase 2's batch defaults to phase 1's) at 60
+    assert facts == {"steps": 100, "minutes": 15.0, "tokens": 90 * 8 * 30 + 10 * 8 * 60, "held_out_accuracy": 0.25,
+                     "held_out_perplexity": 60.0, "accuracy_kind": "mlm",
+                     "not_next_share": pytest.approx((90 * 0.5 + 10 * 0.52) / 100), "precision": "fp32"}
+
+
+def test_a_checkpoint_pretrained_without_dropout_fine_tunes_with_the_presets_dropout(tmp_path):
+    from bert_suite import BertSuiteConfig
+    from bert_suite.ablation import fine_tuning_checkpoint
+
+    final = tmp_path / "final"
+    final.mkdir()
+    BertSuiteConfig.from_preset("tiny", hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0).save_pretrained(final)
+    (final / "model.safetensors").write_bytes(b"weights")
+    twin = fine_tuning_checkpoint(final, "tiny")
+    assert twin == tmp_path / "final-finetune" and (twin / "model.safetensors").read_bytes() == b"weights"
+    assert json.loads((twin / "config.json").read_text())["hidden_dropout_prob"] == 0.1
+    assert fine_tuning_checkpoint(twin, "tiny") == twin  # the preset's dropout already: used as is
+
+
+def test_along_the_curve_the_first_variant_is_ahead_from_the_step_it_stays_ahead(data, tmp_path):
+    from bert_suite.ablation import contrasts_of
+
+    study = load_study(small_study(tmp_path, data))
+    points = lambda scores: [{"step": s, "scores": v} for s, v in zip((3, 6, 9), scores)]  # noqa: E731
+    curve = {"pre": {"rte": points([[60, 62, 61], [70, 75, 72], [80, 84, 82]])},
+             "random": {"rte": points([[61, 63, 60], [60, 61, 62], [62, 60, 61]])}}
+    record = {"tasks": {"rte": {"models": {"pre": {"scores": [80, 84, 82]}, "random": {"scores": [62, 60, 61]}}}}}
+    per_task, along = contrasts_of(study, record, curve)
+    label = "what pre-training adds"
+    assert per_task[label]["rte"]["verdict"] == "ahead"
+    assert along[label]["rte"]["ahead_from"] == 6
+    assert [p["verdict"] for p in along[label]["rte"]["points"]] == ["level", "ahead", "ahead"]
