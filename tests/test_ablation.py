@@ -297,7 +297,7 @@ def test_along_the_curve_the_first_variant_is_ahead_from_the_step_it_stays_ahead
     from bert_suite.ablation import contrasts_of
 
     study = load_study(small_study(tmp_path, data))
-    points = lambda scores: [{"step": s, "scores": v} for s, v in zip((3, 6, 9), scores)]  # noqa: E731
+    points = lambda scores: [{"step": s, "scores": v} for s, v in zip((3, 6, 9), scores, strict=True)]  # noqa: E731
     curve = {"pre": {"rte": points([[60, 62, 61], [70, 75, 72], [80, 84, 82]])},
              "random": {"rte": points([[61, 63, 60], [60, 61, 62], [62, 60, 61]])}}
     record = {"tasks": {"rte": {"models": {"pre": {"scores": [80, 84, 82]}, "random": {"scores": [62, 60, 61]}}}}}
