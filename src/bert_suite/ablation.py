@@ -135,199 +135,241 @@ def load_study(path: str | Path) -> Study:
         mark = getattr(err, "problem_mark", None)
         where = f"line {mark.line + 1}: " if mark else ""
         raise AblationError(f"{path}: {where}not YAML ({getattr(err, 'problem', None) or err})") from None
+    read = _Reader(path)
+    read.known("", raw, SECTIONS)
+    for key in REQUIRED:
+        if key not in raw:
+            read.bad(key, "missing; a study needs " + ", ".join(REQUIRED))
+    files, task_texts, decontaminate = read.corpus(raw["corpus"])
+    vocab_size, lowercase, vocab_file = read.vocabulary(raw["vocabulary"])
+    recipe, steps, minutes, checkpoints, warmup = read.pretraining(raw["pretraining"])
+    variants = read.variants(raw["variants"], recipe, steps)
+    comp, tasks, left_out = read.compare(raw["compare"], variants)
+    curve_variants, curve_tasks = read.curve(raw.get("curve") or {}, variants, checkpoints, comp["data_dir"])
+    contrasts = [{"first": read.variant(f"contrasts[{i}].first", c["first"], variants),
+                  "second": read.variant(f"contrasts[{i}].second", c["second"], variants), "label": str(c["label"])}
+                 for i, c in enumerate(read.listed("contrasts", raw.get("contrasts") or [], dict,
+                                                   "{first, second, label}"))
+                 if read.known(f"contrasts[{i}]", c, ("first", "second", "label"), required=True)]
+    return Study(path, raw, str(raw.get("title") or path.stem), str(raw.get("notes") or ""), files, task_texts,
+                 decontaminate, vocab_size, lowercase, vocab_file, read.instances(raw.get("instances") or {}), recipe,
+                 steps, minutes, checkpoints, warmup, variants, comp, tasks, curve_variants, curve_tasks, contrasts,
+                 left_out)
 
-    def bad(key: str, why: str):
-        raise AblationError(f"{path}: {key}: {why}")
 
-    def known(where: str, mapping, allowed) -> dict:
+class _Reader:
+    """A study file's sections, each checked as it is read; every error names the file and the key."""
+
+    def __init__(self, path: Path):
+        self.path, self.base = path, path.resolve().parent
+
+    def bad(self, key: str, why: str):
+        raise AblationError(f"{self.path}: {key}: {why}")
+
+    def known(self, where: str, mapping, allowed, required: bool = False) -> dict:
+        """`mapping`, whose keys must be among `allowed` (all of them with `required`)."""
         if not isinstance(mapping, dict):
-            bad(where or "the file", "expected a mapping of keys to values")
+            self.bad(where or "the file", "expected a mapping of keys to values")
         for key in mapping:
             if key not in allowed:
                 close = difflib.get_close_matches(str(key), list(allowed), n=1, cutoff=0.6)
-                bad(f"{where}.{key}".lstrip("."), "unknown key; " + (f"did you mean {close[0]}?" if close else
-                                                                    f"expected one of {', '.join(allowed)}"))
+                self.bad(f"{where}.{key}".lstrip("."), "unknown key; " + (
+                    f"did you mean {close[0]}?" if close else f"expected one of {', '.join(allowed)}"))
+        if required and not all(k in mapping for k in allowed):
+            self.bad(where, f"expected {', '.join(allowed)}")
         return mapping
 
-    def kind(key: str, value, types, what: str):
-        if not isinstance(value, types) or isinstance(value, bool) and bool not in (types if isinstance(types, tuple)
-                                                                                    else (types,)):
-            bad(key, f"expected {what}, got {value!r}")
+    def kind(self, key: str, value, types, what: str):
+        """`value`, which must be of `types` (a bool is not a number here)."""
+        allowed = types if isinstance(types, tuple) else (types,)
+        if not isinstance(value, types) or isinstance(value, bool) and bool not in allowed:
+            self.bad(key, f"expected {what}, got {value!r}")
         return value
 
-    def listed(key: str, value, item_types, what: str) -> list:
+    def listed(self, key: str, value, item_types, what: str) -> list:
+        """A list (or one value, as a list of one) of `item_types`."""
         value = [value] if isinstance(value, (str, int, float)) and not isinstance(value, bool) else value
-        kind(key, value, list, f"a list of {what}")
-        return [kind(key, v, item_types, what) for v in value]
+        self.kind(key, value, list, f"a list of {what}")
+        return [self.kind(key, v, item_types, what) for v in value]
 
-    base = path.resolve().parent
-
-    def local(key: str, value: str) -> Path:
+    def local(self, key: str, value: str) -> Path:
+        """A path of the file: environment variables replaced, relative to the file's folder."""
         def var(match):
             found = os.environ.get(match[1]) or match[2]
             if found is None:
-                bad(key, f"${{{match[1]}}} is not set; set it, or write ${{{match[1]}:-DEFAULT}}")
+                self.bad(key, f"${{{match[1]}}} is not set; set it, or write ${{{match[1]}:-DEFAULT}}")
             return found
-        return Path(os.path.normpath(base / Path(_VAR.sub(var, kind(key, value, str, "a path"))).expanduser()))
+        text = _VAR.sub(var, self.kind(key, value, str, "a path"))
+        return Path(os.path.normpath(self.base / Path(text).expanduser()))
 
-    known("", raw, SECTIONS)
-    for key in REQUIRED:
-        if key not in raw:
-            bad(key, "missing; a study needs " + ", ".join(REQUIRED))
-    corpus = known("corpus", raw["corpus"], SECTIONS["corpus"])
-    files = []
-    for pattern in listed("corpus.files", corpus.get("files", []), str, "paths or globs"):
-        found = sorted(glob.glob(str(local("corpus.files", pattern))))
-        if not found:
-            bad("corpus.files", f"{pattern} matches no file")
-        files += [Path(f) for f in found if Path(f).is_file()]
-    task_texts = listed("corpus.task_texts", corpus.get("task_texts", []), str, "task names")
-    if not files and not task_texts:
-        bad("corpus", "no text: expected files, task_texts or both")
-    vocabulary = known("vocabulary", raw["vocabulary"], SECTIONS["vocabulary"])
-    vocab_file = vocabulary.get("vocab_file")
-    if (vocab_file is None) == ("vocab_size" not in vocabulary):
-        bad("vocabulary", "expected vocab_size (with lowercase) or vocab_file (a released vocab.txt), one of them")
-    if vocab_file is not None:
-        vocab_file = local("vocabulary.vocab_file", vocab_file)
-        if not vocab_file.is_file():
-            bad("vocabulary.vocab_file", f"{vocab_file} is not a file; expected a vocab.txt")
-    instances = {"max_seq_length": 128, "dupe_factor": 5, "balance_nsp": False, "phase2_length": None,
-                 "phase2_fraction": 0.1, **known("instances", raw.get("instances") or {}, SECTIONS["instances"])}
-    for key in ("max_seq_length", "dupe_factor"):
-        if kind(f"instances.{key}", instances[key], int, "a positive whole number") < 1:
-            bad(f"instances.{key}", f"expected a positive whole number, got {instances[key]}")
-    if instances["phase2_length"] is not None:
-        kind("instances.phase2_length", instances["phase2_length"], int, "a whole number")
-    if not 0 < kind("instances.phase2_fraction", instances["phase2_fraction"], (int, float), "a share") < 1:
-        bad("instances.phase2_fraction", f"expected a share between 0 and 1, got {instances['phase2_fraction']}")
-
-    pretraining = dict(kind("pretraining", raw["pretraining"], dict, "a mapping of keys to values"))
-    own = {k: pretraining.pop(k) for k in SECTIONS["pretraining"] if k in pretraining}
-    if ("steps" in own) == ("minutes" in own):
-        bad("pretraining", "expected exactly one of steps (equal steps) or minutes (steps planned on the slowest "
-            "variant)" + (", not both" if "steps" in own else ""))
-    steps = own.get("steps")
-    if steps is not None and kind("pretraining.steps", steps, int, "a whole number") < 1:
-        bad("pretraining.steps", f"expected a positive number of steps, got {steps}")
-    minutes = own.get("minutes")
-    if minutes is not None and kind("pretraining.minutes", minutes, (int, float), "a number") <= 0:
-        bad("pretraining.minutes", f"expected a positive number of minutes, got {minutes}")
-    checkpoints = sorted(set(listed("pretraining.checkpoints", own.get("checkpoints", []), int, "steps")))
-    for step in checkpoints:
-        if step < 1 or steps is not None and step > steps:
-            bad("pretraining.checkpoints", f"step {step} is beyond the {steps:,} steps of the pre-training"
-                if steps and step > steps else f"expected positive steps, got {step}")
-    warmup = own.get("warmup_fraction")
-    if warmup is not None and not 0 <= kind("pretraining.warmup_fraction", warmup, (int, float), "a share") < 1:
-        bad("pretraining.warmup_fraction", f"expected a share in [0, 1), got {warmup}")
-    recipe = _recipe_keys(pretraining, "pretraining", bad)
-
-    variants: dict[str, Variant] = {}
-    for name, spec in known("variants", raw["variants"], raw["variants"] or {}).items():
-        if not _NAME.fullmatch(str(name)):
-            bad(f"variants.{name}", "expected a plain name (letters, digits, '_', '-', '.'): it names folders and rows")
-        spec = kind(f"variants.{name}", spec or {}, dict, "a mapping of recipe keys ({} for none), or {from: NAME, "
-                    "random_init: true} / {from: NAME, bilstm: true}")
-        if "from" in spec:
-            known(f"variants.{name}", spec, ("from", "random_init", "bilstm"))
-            random_init, bilstm = bool(spec.get("random_init")), bool(spec.get("bilstm"))
-            if random_init == bilstm:
-                bad(f"variants.{name}", "expected one of random_init: true or bilstm: true beside from")
-            variants[name] = Variant(name, source=str(spec["from"]), random_init=random_init, bilstm=bilstm)
-        else:
-            variants[name] = Variant(name, _recipe_keys(spec, f"variants.{name}", bad))
-            _check_recipe({**recipe, **variants[name].recipe}, steps, f"variants.{name}", bad)
-    if not variants:
-        bad("variants", "none; expected at least two (NAME: recipe keys in which it differs)")
-    for variant in variants.values():
-        if variant.source is not None:
-            target = variants.get(variant.source)
-            if target is None or target.source is not None:
-                bad(f"variants.{variant.name}.from", f"{variant.source} is "
-                    + ("a fine-tuning-only variant" if target else "not a variant")
-                    + f"; expected a pre-trained one ({', '.join(n for n, v in variants.items() if v.source is None)})")
-    if not any(v.source is None for v in variants.values()):
-        bad("variants", "none is pre-trained; expected at least one with recipe keys (or {})")
-
-    def variant(key: str, name) -> str:
+    def variant(self, key: str, name, variants: dict) -> str:
         if name not in variants:
-            bad(key, f"{name} is not a variant; expected one of {', '.join(variants)}")
+            self.bad(key, f"{name} is not a variant; expected one of {', '.join(variants)}")
         return name
 
-    comp = {"seeds": [1, 2, 3, 4, 5], "learning_rates": None, "batch_sizes": None, "epochs": None,
-            "max_seq_length": None, "data_dir": [], **known("compare", raw["compare"], SECTIONS["compare"])}
-    if "baseline" not in comp:
-        bad("compare.baseline", "missing; expected the variant every other is compared with")
-    variant("compare.baseline", comp["baseline"])
-    comp["seeds"] = listed("compare.seeds", comp["seeds"], int, "whole numbers")
-    if len(comp["seeds"]) < 2 or len(set(comp["seeds"])) != len(comp["seeds"]):
-        bad("compare.seeds", f"expected two or more distinct seeds (a standard error needs them), got {comp['seeds']}")
-    for key in ("learning_rates", "batch_sizes", "epochs"):
-        if comp[key] is not None:
-            comp[key] = listed(f"compare.{key}", comp[key], (int, float), "numbers")
-    data_dirs = []
-    for value in listed("compare.data_dir", comp["data_dir"], str, "folders (or TASK=FOLDER)"):
-        task, sep, folder = value.partition("=")
-        if not (sep and _TASK.fullmatch(task)):  # a folder whose path holds a '='
-            task, sep, folder = "", "", value
-        data_dirs.append(f"{task}{sep}{local('compare.data_dir', folder)}")
-    comp["data_dir"] = data_dirs
-    tasks = []
-    for entry in listed("compare.tasks", comp.get("tasks", []), (str, dict), "TASK[@LABELS] or {task: ..., ...}"):
-        entry = {"task": entry} if isinstance(entry, str) else dict(known("compare.tasks[]", entry, TASK_KEYS))
-        if "task" not in entry:
-            bad("compare.tasks[]", f"{entry}: no task; expected task: TASK[@LABELS]")
-        for key in ("learning_rates", "batch_sizes", "epochs"):
-            if key in entry:
-                entry[key] = listed(f"compare.tasks[{entry['task']}].{key}", entry[key], (int, float), "numbers")
-        tasks.append({"key": entry.pop("task"), "metric": None, "learning_rates": None, "batch_sizes": None,
-                      "epochs": None, "feature_based": False, "optional": False, **entry})
-    if not tasks:
-        bad("compare.tasks", "none; expected TASK[@LABELS] strings or {task, metric, learning_rates, ...} mappings")
-    for task in tasks:
-        task["record_key"] = task["key"] + " (feature-based)" if task["feature_based"] else task["key"]
-    left_out = [t["record_key"] for t in tasks if t["optional"] and not _has_data(t["key"], comp["data_dir"])]
-    tasks = [t for t in tasks if t["record_key"] not in left_out]
-    _check_tasks([t for t in tasks if not t["feature_based"]], comp["data_dir"], bad)
-    for task in tasks:
-        if task["feature_based"]:
-            _check_tasks([task], comp["data_dir"], bad)
-    for task in tasks:
-        if task["feature_based"]:
-            if _card_family(task["key"]) != "ner":
-                bad(f"compare.tasks[{task['key']}].feature_based", "the feature-based route (Table 7) is for NER tasks")
-            tuned = [n for n, v in variants.items() if v.source is not None]
-            if tuned:
-                bad(f"compare.tasks[{task['key']}].feature_based", f"{', '.join(tuned)} fine-tune only; the "
-                    "feature-based route reads frozen pre-trained variants")
-    if not tasks:
-        bad("compare.tasks", f"every task is optional and has no data ({', '.join(left_out)})")
+    def corpus(self, section) -> tuple[list[Path], list[str], bool]:
+        section = self.known("corpus", section, SECTIONS["corpus"])
+        files = []
+        for pattern in self.listed("corpus.files", section.get("files", []), str, "paths or globs"):
+            found = sorted(glob.glob(str(self.local("corpus.files", pattern))))
+            if not found:
+                self.bad("corpus.files", f"{pattern} matches no file")
+            files += [Path(f) for f in found if Path(f).is_file()]
+        task_texts = self.listed("corpus.task_texts", section.get("task_texts", []), str, "task names")
+        if not files and not task_texts:
+            self.bad("corpus", "no text: expected files, task_texts or both")
+        return files, task_texts, bool(section.get("decontaminate", True))
 
-    curve = known("curve", raw.get("curve") or {}, SECTIONS["curve"])
-    curve_variants = [variant("curve.variants", n) for n in listed("curve.variants", curve.get("variants", []), str,
-                                                                   "variant names")]
-    curve_tasks = listed("curve.tasks", curve.get("tasks", []), str, "TASK[@LABELS] strings")
-    if curve and (not curve_variants or not curve_tasks):
-        bad("curve", "expected variants and tasks, both")
-    if curve_variants and not checkpoints:
-        bad("curve", "pretraining.checkpoints is empty; expected the steps whose checkpoints the curve fine-tunes")
-    for name in curve_variants:
-        if variants[name].source is not None:
-            bad("curve.variants", f"{name} is fine-tuning only: it has no pre-training checkpoints of its own")
-    if curve_tasks:
-        _check_tasks([{"key": key, "metric": None} for key in curve_tasks], comp["data_dir"], bad)
-    contrasts = []
-    for i, entry in enumerate(listed("contrasts", raw.get("contrasts") or [], dict, "{first, second, label}")):
-        known(f"contrasts[{i}]", entry, ("first", "second", "label"))
-        if not all(k in entry for k in ("first", "second", "label")):
-            bad(f"contrasts[{i}]", "expected first, second and label")
-        contrasts.append({"first": variant(f"contrasts[{i}].first", entry["first"]),
-                          "second": variant(f"contrasts[{i}].second", entry["second"]), "label": str(entry["label"])})
-    return Study(path, raw, str(raw.get("title") or path.stem), str(raw.get("notes") or ""), files, task_texts,
-                 bool(corpus.get("decontaminate", True)), vocabulary.get("vocab_size"),
-                 bool(vocabulary.get("lowercase", True)), vocab_file, instances, recipe, steps, minutes, checkpoints,
-                 warmup, variants, comp, tasks, curve_variants, curve_tasks, contrasts, left_out)
+    def vocabulary(self, section) -> tuple[int | None, bool, Path | None]:
+        section = self.known("vocabulary", section, SECTIONS["vocabulary"])
+        vocab_file = section.get("vocab_file")
+        if (vocab_file is None) == ("vocab_size" not in section):
+            self.bad("vocabulary", "expected vocab_size (with lowercase) or vocab_file (a released vocab.txt), one "
+                     "of them")
+        if vocab_file is not None:
+            vocab_file = self.local("vocabulary.vocab_file", vocab_file)
+            if not vocab_file.is_file():
+                self.bad("vocabulary.vocab_file", f"{vocab_file} is not a file; expected a vocab.txt")
+        else:
+            self.kind("vocabulary.vocab_size", section["vocab_size"], int, "a whole number")
+        return section.get("vocab_size"), bool(section.get("lowercase", True)), vocab_file
+
+    def instances(self, section) -> dict:
+        values = {"max_seq_length": 128, "dupe_factor": 5, "balance_nsp": False, "phase2_length": None,
+                  "phase2_fraction": 0.1, **self.known("instances", section, SECTIONS["instances"])}
+        for key in ("max_seq_length", "dupe_factor"):
+            if self.kind(f"instances.{key}", values[key], int, "a positive whole number") < 1:
+                self.bad(f"instances.{key}", f"expected a positive whole number, got {values[key]}")
+        if values["phase2_length"] is not None:
+            self.kind("instances.phase2_length", values["phase2_length"], int, "a whole number")
+        if not 0 < self.kind("instances.phase2_fraction", values["phase2_fraction"], (int, float), "a share") < 1:
+            self.bad("instances.phase2_fraction", f"expected a share between 0 and 1, got {values['phase2_fraction']}")
+        return values
+
+    def pretraining(self, section) -> tuple[dict, int | None, float | None, list[int], float | None]:
+        """(the shared recipe keys, steps, minutes, checkpoints, warmup_fraction)."""
+        section = dict(self.kind("pretraining", section, dict, "a mapping of keys to values"))
+        own = {k: section.pop(k) for k in SECTIONS["pretraining"] if k in section}
+        if ("steps" in own) == ("minutes" in own):
+            self.bad("pretraining", "expected exactly one of steps (equal steps) or minutes (steps planned on the "
+                     "slowest variant)" + (", not both" if "steps" in own else ""))
+        steps, minutes = own.get("steps"), own.get("minutes")
+        if steps is not None and self.kind("pretraining.steps", steps, int, "a whole number") < 1:
+            self.bad("pretraining.steps", f"expected a positive number of steps, got {steps}")
+        if minutes is not None and self.kind("pretraining.minutes", minutes, (int, float), "a number") <= 0:
+            self.bad("pretraining.minutes", f"expected a positive number of minutes, got {minutes}")
+        checkpoints = sorted(set(self.listed("pretraining.checkpoints", own.get("checkpoints", []), int, "steps")))
+        for step in checkpoints:
+            if step < 1:
+                self.bad("pretraining.checkpoints", f"expected positive steps, got {step}")
+            if steps is not None and step > steps:
+                self.bad("pretraining.checkpoints", f"step {step} is beyond the {steps:,} steps of the pre-training")
+        warmup = own.get("warmup_fraction")
+        if warmup is not None and not 0 <= self.kind("pretraining.warmup_fraction", warmup, (int, float),
+                                                     "a share") < 1:
+            self.bad("pretraining.warmup_fraction", f"expected a share in [0, 1), got {warmup}")
+        return _recipe_keys(section, "pretraining", self.bad), steps, minutes, checkpoints, warmup
+
+    def variants(self, section, recipe: dict, steps: int | None) -> dict[str, Variant]:
+        variants: dict[str, Variant] = {}
+        for name, spec in self.known("variants", section, section or {}).items():
+            where = f"variants.{name}"
+            if not _NAME.fullmatch(str(name)):
+                self.bad(where, "expected a plain name (letters, digits, '_', '-', '.'): it names folders and rows")
+            spec = self.kind(where, spec or {}, dict, "a mapping of recipe keys ({} for none), or {from: NAME, "
+                             "random_init: true} / {from: NAME, bilstm: true}")
+            if "from" in spec:
+                self.known(where, spec, ("from", "random_init", "bilstm"))
+                random_init, bilstm = bool(spec.get("random_init")), bool(spec.get("bilstm"))
+                if random_init == bilstm:
+                    self.bad(where, "expected one of random_init: true or bilstm: true beside from")
+                variants[name] = Variant(name, source=str(spec["from"]), random_init=random_init, bilstm=bilstm)
+            else:
+                variants[name] = Variant(name, _recipe_keys(spec, where, self.bad))
+                _check_recipe({**recipe, **variants[name].recipe}, steps, where, self.bad)
+        if not variants:
+            self.bad("variants", "none; expected at least two (NAME: recipe keys in which it differs)")
+        pretrained = [n for n, v in variants.items() if v.source is None]
+        for variant in variants.values():
+            target = variants.get(variant.source) if variant.source is not None else variant
+            if target is None or target.source is not None:
+                self.bad(f"variants.{variant.name}.from", f"{variant.source} is "
+                         + ("a fine-tuning-only variant" if target else "not a variant")
+                         + f"; expected a pre-trained one ({', '.join(pretrained)})")
+        if not pretrained:
+            self.bad("variants", "none is pre-trained; expected at least one with recipe keys (or {})")
+        return variants
+
+    def compare(self, section, variants: dict) -> tuple[dict, list[dict], list[str]]:
+        """(the compare section with its defaults, the tasks that run, the optional tasks left out)."""
+        comp = {"seeds": [1, 2, 3, 4, 5], "learning_rates": None, "batch_sizes": None, "epochs": None,
+                "max_seq_length": None, "data_dir": [], **self.known("compare", section, SECTIONS["compare"])}
+        if "baseline" not in comp:
+            self.bad("compare.baseline", "missing; expected the variant every other is compared with")
+        self.variant("compare.baseline", comp["baseline"], variants)
+        comp["seeds"] = self.listed("compare.seeds", comp["seeds"], int, "whole numbers")
+        if len(comp["seeds"]) < 2 or len(set(comp["seeds"])) != len(comp["seeds"]):
+            self.bad("compare.seeds", f"expected two or more distinct seeds (a standard error needs them), got "
+                     f"{comp['seeds']}")
+        for key in ("learning_rates", "batch_sizes", "epochs"):
+            if comp[key] is not None:
+                comp[key] = self.listed(f"compare.{key}", comp[key], (int, float), "numbers")
+        data_dirs = []
+        for value in self.listed("compare.data_dir", comp["data_dir"], str, "folders (or TASK=FOLDER)"):
+            task, sep, folder = value.partition("=")
+            if not (sep and _TASK.fullmatch(task)):  # a folder whose path holds a '='
+                task, sep, folder = "", "", value
+            data_dirs.append(f"{task}{sep}{self.local('compare.data_dir', folder)}")
+        comp["data_dir"] = data_dirs
+        tasks = []
+        for entry in self.listed("compare.tasks", comp.get("tasks", []), (str, dict),
+                                 "TASK[@LABELS] or {task: ..., ...}"):
+            entry = {"task": entry} if isinstance(entry, str) else dict(self.known("compare.tasks[]", entry, TASK_KEYS))
+            if "task" not in entry:
+                self.bad("compare.tasks[]", f"{entry}: no task; expected task: TASK[@LABELS]")
+            for key in ("learning_rates", "batch_sizes", "epochs"):
+                if key in entry:
+                    entry[key] = self.listed(f"compare.tasks[{entry['task']}].{key}", entry[key], (int, float),
+                                             "numbers")
+            task = {"key": entry.pop("task"), "metric": None, "learning_rates": None, "batch_sizes": None,
+                    "epochs": None, "feature_based": False, "optional": False, **entry}
+            task["record_key"] = task["key"] + " (feature-based)" if task["feature_based"] else task["key"]
+            tasks.append(task)
+        if not tasks:
+            self.bad("compare.tasks", "none; expected TASK[@LABELS] strings or {task, metric, learning_rates, ...} "
+                     "mappings")
+        left_out = [t["record_key"] for t in tasks if t["optional"] and not _has_data(t["key"], data_dirs)]
+        tasks = [t for t in tasks if t["record_key"] not in left_out]
+        if not tasks:
+            self.bad("compare.tasks", f"every task is optional and has no data ({', '.join(left_out)})")
+        _check_tasks([t for t in tasks if not t["feature_based"]], data_dirs, self.bad)
+        tuned = [n for n, v in variants.items() if v.source is not None]
+        for task in (t for t in tasks if t["feature_based"]):
+            _check_tasks([task], data_dirs, self.bad)
+            where = f"compare.tasks[{task['key']}].feature_based"
+            if _card_family(task["key"]) != "ner":
+                self.bad(where, "the feature-based route (Table 7) is for NER tasks")
+            if tuned:
+                self.bad(where, f"{', '.join(tuned)} fine-tune only; the feature-based route reads frozen "
+                         "pre-trained variants")
+        return comp, tasks, left_out
+
+    def curve(self, section, variants: dict, checkpoints: list[int], data_dirs: list[str]) -> tuple[list, list]:
+        section = self.known("curve", section, SECTIONS["curve"])
+        names = [self.variant("curve.variants", n, variants)
+                 for n in self.listed("curve.variants", section.get("variants", []), str, "variant names")]
+        tasks = self.listed("curve.tasks", section.get("tasks", []), str, "TASK[@LABELS] strings")
+        if section and (not names or not tasks):
+            self.bad("curve", "expected variants and tasks, both")
+        if names and not checkpoints:
+            self.bad("curve", "pretraining.checkpoints is empty; expected the steps whose checkpoints the curve "
+                     "fine-tunes")
+        for name in names:
+            if variants[name].source is not None:
+                self.bad("curve.variants", f"{name} is fine-tuning only: it has no pre-training checkpoints of its own")
+        if tasks:
+            _check_tasks([{"key": key, "metric": None} for key in tasks], data_dirs, self.bad)
+        return names, tasks
 
 
 def _recipe_keys(values: dict, where: str, bad) -> dict:
