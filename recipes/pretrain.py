@@ -305,7 +305,8 @@ def main(argv=None):
         else:
             trim_log(out / "metrics.jsonl", step)
     if report_to:
-        accelerator.init_trackers("pretrain", config={k: v for k, v in vars(cfg).items() if k != "extra"})
+        accelerator.init_trackers("pretrain", config={k: str(v) if isinstance(v, list) else v  # hparams: no lists
+                                                      for k, v in vars(cfg).items() if k != "extra"})
 
     accelerator.print(precision.describe())
     accelerator.print(f"world size {accelerator.num_processes} ({accelerator.distributed_type.value}, "

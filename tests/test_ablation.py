@@ -119,18 +119,21 @@ def cli(*args, failpoint: str | None = None) -> subprocess.CompletedProcess:
 
 
 def without_timing(record: dict, out: Path) -> dict:
-    """The record with its wall times left out and its output folder named OUT (two runs in two folders)."""
+    """The record with its wall times and command left out and its output folder named OUT (two runs in two
+    folders, with other flags)."""
     record = json.loads(json.dumps(record).replace(str(out), "OUT"))
     for facts in record["pretraining"].values():
         facts.pop("minutes")
+    assert record.pop("command").startswith("bert-suite ablation ")
     return record
 
 
 def test_a_run_killed_in_pretraining_and_in_fine_tuning_resumes_to_the_same_record(data, tmp_path, report):
     study = small_study(tmp_path, data)
     whole, killed = tmp_path / "whole", tmp_path / "killed"
-    done = cli(study, "--output_dir", whole)
+    done = cli(study, "--output_dir", whole, "--workers", "2")  # two processes share the grids: the same scores
     assert done.returncode == 0, done.stderr[-3000:]
+    assert (whole / "logs" / "compare-w1.log").is_file()
     first = cli(study, "--output_dir", killed, failpoint="pretrain.step:4")  # the recipe dies after step 3's checkpoint
     assert first.returncode == 2 and "pre-training failed" in first.stderr
     assert not (killed / "pretraining" / "pre" / "final").exists()
@@ -306,3 +309,16 @@ def test_along_the_curve_the_first_variant_is_ahead_from_the_step_it_stays_ahead
     assert per_task[label]["rte"]["verdict"] == "ahead"
     assert along[label]["rte"]["ahead_from"] == 6
     assert [p["verdict"] for p in along[label]["rte"]["points"]] == ["level", "ahead", "ahead"]
+
+
+def test_the_recipes_snapshot_steps_read_as_a_list_from_yaml_or_the_command_line():
+    from bert_suite.pretraining.config import PretrainConfigError, load_pretrain_config
+
+    base = ["train_data=x", "tokenizer=y", "max_steps=10", "warmup_steps=0"]
+    assert load_pretrain_config(None, [*base, "snapshot_steps=3,6"]).snapshot_steps == [3, 6]
+    assert load_pretrain_config(None, [*base, "snapshot_steps=[3, 6]"]).snapshot_steps == [3, 6]
+    assert load_pretrain_config(None, [*base, "snapshot_steps=[]"]).snapshot_steps == []
+    with pytest.raises(PretrainConfigError, match="snapshot_steps must be steps between 1 and max_steps"):
+        load_pretrain_config(None, [*base, "snapshot_steps=3,20"])
+    with pytest.raises(PretrainConfigError, match="snapshot_steps must be a list of int"):
+        load_pretrain_config(None, [*base, "snapshot_steps=three"])

@@ -208,6 +208,9 @@ NOT_RESULTS = {
     ("src/bert_suite/grid.py", "folder_claim", "open:a"): "the folder's guard lock, opened to flock it",
     ("src/bert_suite/grid.py", "folder_claim", "open:a+"): "a worker's lock, labelled with its grid for the "
                                                            "error another grid's worker prints; no result",
+    ("src/bert_suite/ablation.py", "data_lock", "open:w"): "an empty lock file, opened to flock it",
+    ("src/bert_suite/ablation.py", "launch", "open:a"): "a pre-training's console log, streamed while it runs",
+    ("src/bert_suite/ablation.py", "start_helpers", "open:a"): "a --workers helper's console log",
 }
 
 

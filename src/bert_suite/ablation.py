@@ -1081,7 +1081,7 @@ def run_ablation(path: str | Path, output_dir: str | Path, until: str = "compare
     facts = pretraining_record(study, runs, data, steps)
     if until == "pretraining":
         return None
-    helpers = start_helpers(path, out, workers, storage, command)
+    helpers = start_helpers(path, out, workers, storage)
     try:
         result, curve = fine_tune(study, out, runs, steps, data_dirs, storage, progress)
     finally:
@@ -1097,7 +1097,7 @@ def run_ablation(path: str | Path, output_dir: str | Path, until: str = "compare
     return record
 
 
-def start_helpers(path, out: Path, workers: int, storage: str | None, command: str) -> list[subprocess.Popen]:
+def start_helpers(path, out: Path, workers: int, storage: str | None) -> list[subprocess.Popen]:
     """workers - 1 helper processes on the same grids, each with its share of the cores (this process keeps
     one share): tiny models use one core better than two, so two workers of one thread finish sooner."""
     if workers == 1:
