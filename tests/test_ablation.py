@@ -314,7 +314,7 @@ def test_along_the_curve_the_first_variant_is_ahead_from_the_step_it_stays_ahead
 def test_the_recipes_snapshot_steps_read_as_a_list_from_yaml_or_the_command_line():
     from bert_suite.pretraining.config import PretrainConfigError, load_pretrain_config
 
-    base = ["train_data=x", "tokenizer=y", "max_steps=10", "warmup_steps=0"]
+    base = ["train_data=x", "tokenizer=y", "max_steps=10", "warmup_steps=0", "phase1_fraction=1"]
     assert load_pretrain_config(None, [*base, "snapshot_steps=3,6"]).snapshot_steps == [3, 6]
     assert load_pretrain_config(None, [*base, "snapshot_steps=[3, 6]"]).snapshot_steps == [3, 6]
     assert load_pretrain_config(None, [*base, "snapshot_steps=[]"]).snapshot_steps == []
