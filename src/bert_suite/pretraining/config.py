@@ -126,7 +126,7 @@ def _coerce(source: str, key: str, value, hint=None):
         elif typing.get_origin(kind) is list:  # a YAML list, or from the command line 2500,5000 or [2500, 5000]
             items = value
             if isinstance(value, str):
-                items = [v for v in value.strip().strip("[]").split(",") if v.strip()]
+                items = [v.strip() for v in value.strip().strip("[]").split(",") if v.strip()]
             if isinstance(items, (list, tuple)):
                 try:
                     return [_coerce(source, key, v, typing.get_args(kind)[0]) for v in items]
