@@ -2,64 +2,152 @@
 
 Importing the package registers the BertSuite family with the transformers Auto classes, so
 `AutoModelForSequenceClassification.from_pretrained(dir)` works on a bert_suite checkpoint.
+
+The package imports neither torch nor transformers itself: the model classes load when first named
+(`bert_suite.BertSuiteModel`), and the registration runs when transformers' Auto modules load (at once,
+when they already have). So the data commands (`bert-suite tokenizer`, `pretrain-data`, `corpus`,
+`decontaminate`, `squad-small`) and their Dask workers start without torch's seconds and hundreds of MB,
+and everyone who uses a model through an Auto class finds the family registered.
 """
 
-from transformers import (
-    AutoConfig,
-    AutoModel,
-    AutoModelForMaskedLM,
-    AutoModelForMultipleChoice,
-    AutoModelForNextSentencePrediction,
-    AutoModelForPreTraining,
-    AutoModelForQuestionAnswering,
-    AutoModelForSequenceClassification,
-    AutoModelForTokenClassification,
-)
+from __future__ import annotations
 
-from .configuration_bert_suite import PRESETS, BertSuiteConfig, BertSuiteConfigError
-from .modeling_bert_suite import (
-    BertSuiteForMaskedLM,
-    BertSuiteForMultipleChoice,
-    BertSuiteForNextSentencePrediction,
-    BertSuiteForPreTraining,
-    BertSuiteForQuestionAnswering,
-    BertSuiteForSequenceClassification,
-    BertSuiteForTokenClassification,
-    BertSuiteModel,
-    BertSuitePreTrainedModel,
-    CheckpointMismatchError,
-)
+import importlib
+import importlib.abc
+import importlib.util
+import sys
 
 __version__ = "0.1.0"
 
-AUTO_CLASSES = {
-    AutoModel: BertSuiteModel,
-    AutoModelForPreTraining: BertSuiteForPreTraining,
-    AutoModelForMaskedLM: BertSuiteForMaskedLM,
-    AutoModelForSequenceClassification: BertSuiteForSequenceClassification,
-    AutoModelForQuestionAnswering: BertSuiteForQuestionAnswering,
-    AutoModelForMultipleChoice: BertSuiteForMultipleChoice,
-    AutoModelForNextSentencePrediction: BertSuiteForNextSentencePrediction,
-    AutoModelForTokenClassification: BertSuiteForTokenClassification,
-}
+_CONFIG_NAMES = ("PRESETS", "BertSuiteConfig", "BertSuiteConfigError")
+_MODEL_NAMES = ("BertSuiteForMaskedLM", "BertSuiteForMultipleChoice", "BertSuiteForNextSentencePrediction",
+                "BertSuiteForPreTraining", "BertSuiteForQuestionAnswering", "BertSuiteForSequenceClassification",
+                "BertSuiteForTokenClassification", "BertSuiteModel", "BertSuitePreTrainedModel",
+                "CheckpointMismatchError")
+# Auto class -> our class for it
+_AUTO = {"AutoModel": "BertSuiteModel", "AutoModelForPreTraining": "BertSuiteForPreTraining",
+         "AutoModelForMaskedLM": "BertSuiteForMaskedLM",
+         "AutoModelForSequenceClassification": "BertSuiteForSequenceClassification",
+         "AutoModelForQuestionAnswering": "BertSuiteForQuestionAnswering",
+         "AutoModelForMultipleChoice": "BertSuiteForMultipleChoice",
+         "AutoModelForNextSentencePrediction": "BertSuiteForNextSentencePrediction",
+         "AutoModelForTokenClassification": "BertSuiteForTokenClassification"}
+_CONFIG_AUTO = "transformers.models.auto.configuration_auto"
+_MODEL_AUTO = "transformers.models.auto.modeling_auto"
 
-AutoConfig.register(BertSuiteConfig.model_type, BertSuiteConfig, exist_ok=True)
-for _auto, _model in AUTO_CLASSES.items():
-    _auto.register(BertSuiteConfig, _model, exist_ok=True)
 
-__all__ = [
-    "AUTO_CLASSES",
-    "PRESETS",
-    "BertSuiteConfig",
-    "BertSuiteConfigError",
-    "BertSuiteForMaskedLM",
-    "BertSuiteForMultipleChoice",
-    "BertSuiteForNextSentencePrediction",
-    "BertSuiteForPreTraining",
-    "BertSuiteForQuestionAnswering",
-    "BertSuiteForSequenceClassification",
-    "BertSuiteForTokenClassification",
-    "BertSuiteModel",
-    "BertSuitePreTrainedModel",
-    "CheckpointMismatchError",
-]
+def __getattr__(name: str):
+    """The model family, imported when first named (PEP 562)."""
+    if name in _CONFIG_NAMES:
+        module = importlib.import_module(".configuration_bert_suite", __name__)
+    elif name in _MODEL_NAMES:
+        module = importlib.import_module(".modeling_bert_suite", __name__)
+    elif name == "AUTO_CLASSES":
+        auto = importlib.import_module(_MODEL_AUTO)
+        return {getattr(auto, a): __getattr__(ours) for a, ours in _AUTO.items()}
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(module, name)
+
+
+def _register(module_name: str) -> None:
+    """Make the Auto mappings of `module_name` (transformers' configuration_auto or modeling_auto, just imported)
+    register the family at their first look-up. Not now: that module may be imported from deep inside
+    transformers' own imports (a docstring decorator of BertConfig), where importing our model, which imports
+    transformers' BERT, would meet half-initialised modules."""
+    module = sys.modules[module_name]
+    if module_name == _CONFIG_AUTO:
+        _defer([module.CONFIG_MAPPING], _register_config)
+    else:
+        _defer([getattr(module, auto)._model_mapping for auto in _AUTO], _register_models)
+
+
+def _register_config() -> None:
+    from .configuration_bert_suite import BertSuiteConfig
+
+    sys.modules[_CONFIG_AUTO].AutoConfig.register(BertSuiteConfig.model_type, BertSuiteConfig, exist_ok=True)
+
+
+def _register_models() -> None:
+    from . import modeling_bert_suite
+    from .configuration_bert_suite import BertSuiteConfig
+
+    for auto, ours in _AUTO.items():
+        getattr(sys.modules[_MODEL_AUTO], auto).register(BertSuiteConfig, getattr(modeling_bert_suite, ours),
+                                                           exist_ok=True)
+
+
+_LOOKUPS = ("__getitem__", "__contains__", "__iter__", "__len__", "get", "keys", "values", "items", "__reduce__")
+_DEFERRED: dict[type, type] = {}
+
+
+def _defer(mappings: list, register) -> None:
+    """Turn each mapping into a subclass of its own class whose look-ups first run `register` (with the
+    mappings back in their own class, which `register` uses); an ImportError (a look-up made while transformers
+    is itself importing) leaves them deferred, for the next look-up."""
+    def ready() -> None:
+        for mapping in mappings:
+            mapping.__class__ = type(mapping).__mro__[1]
+        try:
+            register()
+        except ImportError:
+            _defer(mappings, register)
+
+    for mapping in mappings:
+        base = type(mapping)
+        if base not in _DEFERRED:
+            def wrap(name):
+                def look_up(self, *args, **kwargs):
+                    self._ready()
+                    return getattr(self, name)(*args, **kwargs)
+                return look_up
+            _DEFERRED[base] = type(f"Registering{base.__name__}", (base,), {n: wrap(n) for n in _LOOKUPS})
+        mapping._ready = ready
+        mapping.__class__ = _DEFERRED[base]
+
+
+class _RegisterAfterImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Runs `_register` right after one of transformers' Auto modules is executed (Python has no post-import
+    hook of its own): this finder hands the import to the real loader and registers when it is done."""
+
+    def __init__(self):
+        self.loaders: dict[str, importlib.abc.Loader] = {}
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname not in (_CONFIG_AUTO, _MODEL_AUTO) or fullname in self.loaders:
+            return None
+        self.loaders[fullname] = None  # the search below must not find this finder again
+        try:
+            spec = importlib.util.find_spec(fullname)
+        finally:
+            del self.loaders[fullname]
+        if spec is None or spec.loader is None:
+            return None
+        self.loaders[fullname] = spec.loader
+        spec.loader = self
+        return spec
+
+    def create_module(self, spec):
+        return self.loaders[spec.name].create_module(spec)
+
+    def exec_module(self, module):
+        name = module.__spec__.name
+        loader = self.loaders[name]
+        module.__spec__.loader = module.__loader__ = loader  # as if it had loaded the module itself
+        try:
+            loader.exec_module(module)
+        finally:
+            del self.loaders[name]
+        _register(name)
+        if all(n in sys.modules for n in (_CONFIG_AUTO, _MODEL_AUTO)) and self in sys.meta_path:
+            sys.meta_path.remove(self)  # both seen: nothing more to watch
+
+
+for _name in (_CONFIG_AUTO, _MODEL_AUTO):
+    if _name in sys.modules:  # transformers' Auto classes are loaded already
+        _register(_name)
+if not all(name in sys.modules for name in (_CONFIG_AUTO, _MODEL_AUTO)) and not any(
+        isinstance(finder, _RegisterAfterImport) for finder in sys.meta_path):
+    sys.meta_path.insert(0, _RegisterAfterImport())
+
+__all__ = ["AUTO_CLASSES", *_CONFIG_NAMES, *_MODEL_NAMES]

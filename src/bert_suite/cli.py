@@ -117,6 +117,8 @@ def _leave_group() -> None:
     """In a launched group, wait until every process is done, then close the group: a process that
     simply exits while another still writes (rank 0's predictions) tears gloo's threads down under it
     and aborts ("terminate called without an active exception")."""
+    if "torch" not in sys.modules:  # a command that never imported torch (the data commands) has no group
+        return
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():

@@ -6,6 +6,8 @@
 - `load_pretraining_tokenizer(path)`: a tokenizer folder, a folder holding only `vocab.txt`, or a
   bare `vocab.txt`, checked to hold BERT's special tokens (pre-training needs them all).
 - `wordpiece_tokenizer(vocab_file)`: a BERT tokenizer over a bare vocabulary, casing detected.
+- `load_wordpiece(path)`: the same sources as `load_pretraining_tokenizer`, on the `tokenizers` library alone
+  (`WordPiece`): what the data commands use, so that they start without transformers and torch.
 
 Training a new vocabulary is pre-training's first step: `pretraining/tokenizer.py`."""
 
@@ -57,8 +59,7 @@ def wordpiece_tokenizer(vocab_file: Path):
     from transformers import BertTokenizer
 
     tokens = Path(vocab_file).read_text(encoding="utf-8").splitlines()
-    cased = sum(t[:1].isascii() and t[:1].isupper() for t in tokens) > 10
-    return BertTokenizer(vocab=str(vocab_file), do_lower_case=not cased)
+    return BertTokenizer(vocab=str(vocab_file), do_lower_case=not _cased(tokens))
 
 
 def load_pretraining_tokenizer(path: str):
@@ -83,6 +84,98 @@ def load_pretraining_tokenizer(path: str):
             raise TokenizerError(f"{where}: the vocabulary file is empty; expected one token per line, with "
                              + " ".join(SPECIAL_TOKENS))
         tokenizer = wordpiece_tokenizer(where)
+    else:
+        raise TokenizerError(f"{where}: no such tokenizer folder or vocab.txt")
+    check_bert_vocabulary(tokenizer, str(source))
+    return tokenizer
+
+
+def _cased(tokens: list[str]) -> bool:
+    """A vocabulary with capitals is cased (the released uncased ones have none)."""
+    return sum(t[:1].isascii() and t[:1].isupper() for t in tokens) > 10
+
+
+def bert_backend(tokens: list[str], lowercase: bool, strip_accents: bool | None = None):
+    """BERT's WordPiece pipeline over `tokens` (in id order) on the `tokenizers` library: the normaliser
+    (`strip_accents` None: as `lowercase`), pre-tokeniser, `[CLS] A [SEP] B [SEP]` template and decoder that
+    transformers' BertTokenizer builds, with the special tokens marked as such."""
+    from tokenizers import AddedToken, Tokenizer, decoders, normalizers, pre_tokenizers, processors
+    from tokenizers.models import WordPiece as WordPieceModel
+
+    backend = Tokenizer(WordPieceModel(vocab={t: i for i, t in enumerate(tokens)}, unk_token="[UNK]",
+                                       continuing_subword_prefix="##"))
+    backend.normalizer = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True,
+                                                    strip_accents=strip_accents, lowercase=lowercase)
+    backend.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    backend.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[(t, tokens.index(t)) for t in ("[CLS]", "[SEP]") if t in tokens])
+    backend.decoder = decoders.WordPiece(prefix="##")
+    backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS if t in tokens])
+    return backend
+
+
+class WordPiece:
+    """A BERT WordPiece tokenizer on the `tokenizers` library alone: what building pre-training instances and a
+    vocabulary need (the ids of many sentences at once, the vocabulary), without transformers, which imports
+    torch. It gives the ids transformers' BertTokenizer gives for the same files (tests/test_data_commands.py)."""
+
+    is_fast = True
+
+    def __init__(self, backend, name_or_path: str = ""):
+        self.backend_tokenizer, self.name_or_path = backend, name_or_path
+
+    def __len__(self) -> int:
+        return self.backend_tokenizer.get_vocab_size(with_added_tokens=True)
+
+    def get_vocab(self) -> dict[str, int]:
+        return self.backend_tokenizer.get_vocab(with_added_tokens=True)
+
+    # the special tokens' ids, as a transformers tokenizer names them (the masking collator reads these)
+    pad_token_id = property(lambda self: self.backend_tokenizer.token_to_id("[PAD]"))
+    unk_token_id = property(lambda self: self.backend_tokenizer.token_to_id("[UNK]"))
+    cls_token_id = property(lambda self: self.backend_tokenizer.token_to_id("[CLS]"))
+    sep_token_id = property(lambda self: self.backend_tokenizer.token_to_id("[SEP]"))
+    mask_token_id = property(lambda self: self.backend_tokenizer.token_to_id("[MASK]"))
+
+    @property
+    def all_special_ids(self) -> list[int]:
+        return [i for t in SPECIAL_TOKENS if (i := self.backend_tokenizer.token_to_id(t)) is not None]
+
+    def __call__(self, texts: list[str], add_special_tokens: bool = True, **_) -> dict[str, list[list[int]]]:
+        """{"input_ids": [ids per text]} (as a transformers tokenizer returns for a batch)."""
+        if isinstance(texts, str):
+            raise TypeError("WordPiece takes a list of texts")
+        encodings = self.backend_tokenizer.encode_batch(list(texts), add_special_tokens=add_special_tokens)
+        return {"input_ids": [e.ids for e in encodings]}
+
+
+def load_wordpiece(path: str) -> WordPiece:
+    """`load_pretraining_tokenizer`'s sources (a tokenizer folder, a folder holding only vocab.txt, a bare
+    vocab.txt), checked alike, as a `WordPiece` (no transformers). The folder's tokenizer.json is used as is;
+    a bare vocabulary gets BERT's pipeline, lower-cased when it has no capitals."""
+    import json
+
+    from tokenizers import Tokenizer
+
+    where = Path(path)
+    vocab = where / "vocab.txt" if where.is_dir() else where
+    if where.is_dir() and (where / "tokenizer.json").is_file():
+        source, tokenizer = where / "tokenizer.json", WordPiece(Tokenizer.from_file(str(where / "tokenizer.json")),
+                                                                  str(where))
+    elif where.is_dir() and (where / "tokenizer_config.json").is_file() and vocab.is_file():
+        config = json.loads((where / "tokenizer_config.json").read_text(encoding="utf-8"))
+        tokens = vocab.read_text(encoding="utf-8").splitlines()
+        source, tokenizer = vocab, WordPiece(bert_backend(tokens, config.get("do_lower_case", True),
+                                                          config.get("strip_accents")), str(where))
+    elif vocab.is_file():
+        if vocab.stat().st_size == 0:
+            raise TokenizerError(f"{vocab}: the vocabulary file is empty; expected one token per line, with "
+                                 + " ".join(SPECIAL_TOKENS))
+        tokens = vocab.read_text(encoding="utf-8").splitlines()
+        source, tokenizer = vocab, WordPiece(bert_backend(tokens, not _cased(tokens)))
+    elif where.is_dir():
+        raise TokenizerError(f"{where}: expected a tokenizer folder (tokenizer.json) or a vocab.txt in it")
     else:
         raise TokenizerError(f"{where}: no such tokenizer folder or vocab.txt")
     check_bert_vocabulary(tokenizer, str(source))

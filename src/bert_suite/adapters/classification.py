@@ -11,17 +11,24 @@ from pathlib import Path
 
 import datasets
 import numpy as np
-from transformers import DataCollatorWithPadding
 
 from ..cards import TaskCard
 from ..io import atomic_write_text
 from ..metrics import glue_metrics
-from ..modeling_bert_suite import BertSuiteForSequenceClassification
 from .common import DataError, load_hub_split, read_text, split_file_stem
 from .files import check_columns, check_extension, data_file_of, label_text, read_data_file, row_index
 
+
+def __getattr__(name: str):
+    """MODEL_CLASS (BertSuiteForSequenceClassification), imported when asked for: reading a split needs no torch."""
+    if name == "MODEL_CLASS":
+        from ..modeling_bert_suite import BertSuiteForSequenceClassification
+
+        return BertSuiteForSequenceClassification
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 METRICS_USE_EXAMPLES = False  # metric_fn needs the predictions and labels only
-MODEL_CLASS = BertSuiteForSequenceClassification
 
 
 def model_kwargs(card: TaskCard) -> dict:
@@ -253,8 +260,10 @@ def compute_metrics(card: TaskCard, predictions: np.ndarray, references: np.ndar
     return glue_metrics(card.metric, predictions, references)
 
 
-def collator(tokenizer) -> DataCollatorWithPadding:
+def collator(tokenizer):
     """Dynamic padding to the longest sequence of each batch."""
+    from transformers import DataCollatorWithPadding
+
     return DataCollatorWithPadding(tokenizer)
 
 

@@ -34,12 +34,20 @@ import numpy as np
 
 from ..cards import TaskCard
 from ..io import atomic_write_text
-from ..modeling_bert_suite import BertSuiteForMultipleChoice
 from .common import DataError, family_options, load_hub_split, read_text, split_file_stem
 from .files import check_extension, data_file_of, read_data_file
 
+
+def __getattr__(name: str):
+    """MODEL_CLASS (BertSuiteForMultipleChoice), imported when asked for: reading a split needs no torch."""
+    if name == "MODEL_CLASS":
+        from ..modeling_bert_suite import BertSuiteForMultipleChoice
+
+        return BertSuiteForMultipleChoice
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 METRICS_USE_EXAMPLES = False  # metric_fn needs the predictions and labels only
-MODEL_CLASS = BertSuiteForMultipleChoice
 DEFAULT_ENDINGS = ["ending0", "ending1", "ending2", "ending3"]
 INPUT_KEYS = ("input_ids", "token_type_ids", "attention_mask")
 _INTEGER = re.compile(r"[+-]?\d+")

@@ -41,18 +41,15 @@ import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import datasets
 import numpy as np
 import pyarrow as pa
-import torch
-from transformers import EvalPrediction
 
 from ..cards import TaskCard
 from ..io import atomic_write_text
 from ..metrics.ner import ner_scores  # noqa: F401  (part of this module's API: the feature-based route)
-from ..modeling_bert_suite import BertSuiteForTokenClassification
 from .common import (
     DataError,
     family_options,
@@ -64,8 +61,20 @@ from .common import (
 )
 from .files import check_extension, data_file_of, read_data_file
 
+if TYPE_CHECKING:
+    import torch
+
+
+def __getattr__(name: str):
+    """MODEL_CLASS (BertSuiteForTokenClassification), imported when asked for: reading a split needs no torch."""
+    if name == "MODEL_CLASS":
+        from ..modeling_bert_suite import BertSuiteForTokenClassification
+
+        return BertSuiteForTokenClassification
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 METRICS_USE_EXAMPLES = True  # metric_fn reads the split's examples (see runner.train_and_evaluate)
-MODEL_CLASS = BertSuiteForTokenClassification
 
 DOCSTART = "-DOCSTART-"
 IGNORE_INDEX = -100
@@ -673,6 +682,8 @@ class TokenClassificationCollator:
     pad_token_id: int
 
     def __call__(self, rows: list[dict]) -> dict[str, torch.Tensor]:
+        import torch  # here, not at the top: reading CoNLL files (corpus --from_task) needs no torch
+
         width = max(len(row["input_ids"]) for row in rows)
         batch = {}
         for key, pad in (("input_ids", self.pad_token_id), ("token_type_ids", 0), ("attention_mask", 0),
@@ -804,6 +815,8 @@ def metric_fn(card: TaskCard, examples, features):
 
 def score_predictions(card: TaskCard, examples, features, predictions, settings: dict) -> dict[str, float]:
     """Entity scores of a predicted split with gold tags (CoNLL's test.txt); {} for data without tags."""
+    from transformers import EvalPrediction
+
     return metric_fn(card, examples, features)(EvalPrediction(predictions=predictions, label_ids=None))
 
 

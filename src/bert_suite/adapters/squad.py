@@ -31,18 +31,25 @@ from typing import Any
 import datasets
 import numpy as np
 import pyarrow as pa
-from transformers import DataCollatorWithPadding
 
 from ..cards import TaskCard
 from ..io import atomic_write_text
 from ..metrics import squad as scorer
-from ..modeling_bert_suite import BertSuiteForQuestionAnswering
 from .common import DataError, family_options, load_hub_split, max_context_windows, read_text, split_file_stem
 from .common import window_starts as shared_window_starts
 from .files import check_columns, check_extension, data_file_of, read_data_file
 
+
+def __getattr__(name: str):
+    """MODEL_CLASS (BertSuiteForQuestionAnswering), imported when asked for: reading a split needs no torch."""
+    if name == "MODEL_CLASS":
+        from ..modeling_bert_suite import BertSuiteForQuestionAnswering
+
+        return BertSuiteForQuestionAnswering
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 METRICS_USE_EXAMPLES = True  # metric_fn reads the split's examples (see runner.train_and_evaluate)
-MODEL_CLASS = BertSuiteForQuestionAnswering
 THRESHOLD_KEY = "null_score_diff_threshold"
 
 OPTION_DEFAULTS: dict[str, Any] = {
@@ -671,8 +678,10 @@ def _result(card: TaskCard, examples, features, predictions, threshold: float = 
                        bool(options["version_2_with_negative"]), threshold)
 
 
-def collator(tokenizer) -> DataCollatorWithPadding:
+def collator(tokenizer):
     """Dynamic padding to the longest window of each batch (evaluation-only columns are dropped by Trainer)."""
+    from transformers import DataCollatorWithPadding
+
     return DataCollatorWithPadding(tokenizer)
 
 

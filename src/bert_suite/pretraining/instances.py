@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from ..io import atomic_write_text
-from ..tokenization import check_bert_vocabulary, check_max_seq_length, load_pretraining_tokenizer
+from ..tokenization import check_bert_vocabulary, check_max_seq_length, load_wordpiece
 from .text_files import check_input_files, document_spans, file_encoding, read_piece, resolve_format
 
 SHARD_BYTES = 16 << 20  # text per shard; as Python lists of token ids and instances a worker holds ~15-20x this
@@ -344,8 +344,8 @@ def build_pretraining_dataset(files: list[str], tokenizer, output_dir: str, max_
     paths = check_input_files(files)
     _check_build_arguments(max_seq_length, short_seq_prob, dupe_factor, static_masking, max_predictions_per_seq,
                            masked_lm_prob, docs_per_shard, num_shards, shard_index)
-    if isinstance(tokenizer, (str, Path)):
-        tokenizer = load_pretraining_tokenizer(str(tokenizer))
+    if isinstance(tokenizer, (str, Path)):  # without transformers: this command and its workers need no torch
+        tokenizer = load_wordpiece(str(tokenizer))
     special = check_bert_vocabulary(tokenizer)
 
     shards, file_info, _ = plan_shards(paths, fmt, docs_per_shard, SHARD_BYTES)
@@ -515,7 +515,7 @@ def _build(jobs: list, out: Path, paths: list[Path], file_info: dict, arguments:
         "not_utf8_files": {name: info["encoding"] for name, info in file_info.items() if info["encoding"] != "utf-8"},
         **arguments,
         "masked_lm": "static" if static_masking else "dynamic (at training time)",
-        "tokenizer": tokenizer.name_or_path or type(tokenizer).__name__,
+        "tokenizer": tokenizer.name_or_path or "BertTokenizer",  # a bare vocab.txt: what transformers named it
         "tokenizer_vocab_size": len(tokenizer),
         "special_token_ids": special,
     }

@@ -22,7 +22,7 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from ..io import atomic_write_text
-from ..tokenization import SPECIAL_TOKENS
+from ..tokenization import SPECIAL_TOKENS, WordPiece, bert_backend
 from .cluster import dask_client, run_in_order
 from .text_files import check_input_files, file_encoding
 
@@ -50,11 +50,7 @@ def train_tokenizer(files: list[str], vocab_size: int, lowercase: bool, output_d
     bytes for every num_proc and route. `max_word_types` caps the word table (the most frequent
     words are kept; see `count_words`), for corpora whose distinct words would not fit in memory.
     `report`, when given, receives the counting report (distinct words, dropped words and their
-    occurrences). Returns the saved transformers tokenizer."""
-    from tokenizers import Tokenizer, decoders, processors
-    from tokenizers.models import WordPiece
-    from transformers import BertTokenizer
-
+    occurrences). Returns the tokenizer (a `tokenization.WordPiece`)."""
     paths = check_input_files(files)
     if vocab_size < len(SPECIAL_TOKENS) + 1:
         raise ValueError(f"vocab_size must be at least {len(SPECIAL_TOKENS) + 1} (the {len(SPECIAL_TOKENS)} special "
@@ -82,26 +78,16 @@ def train_tokenizer(files: list[str], vocab_size: int, lowercase: bool, output_d
         report.update(counted)
     tokens = learn_wordpieces(words, vocab_size, min_frequency, clear_input=True)
 
-    normalizer, pre_tokenizer = _bert_pipeline(lowercase)
-
-    backend = Tokenizer(WordPiece(vocab={t: i for i, t in enumerate(tokens)}, unk_token="[UNK]",
-                                  continuing_subword_prefix=PREFIX))
-    backend.normalizer = normalizer
-    backend.pre_tokenizer = pre_tokenizer
-    cls_id, sep_id = tokens.index("[CLS]"), tokens.index("[SEP]")
-    backend.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
-        special_tokens=[("[CLS]", cls_id), ("[SEP]", sep_id)])
-    backend.decoder = decoders.WordPiece(prefix=PREFIX)
-
-    # In transformers 5 BertTokenizer is the tokenizers-backed class; it rebuilds its pipeline from
-    # the vocabulary and `do_lower_case`/`strip_accents` when loaded, so those must be saved too.
-    tokenizer = BertTokenizer(tokenizer_object=backend, do_lower_case=lowercase, strip_accents=lowercase,
-                              unk_token="[UNK]", sep_token="[SEP]", pad_token="[PAD]", cls_token="[CLS]",
-                              mask_token="[MASK]")
+    # What transformers' BertTokenizer saves (5.x), written here without it: transformers imports torch, which would
+    # cost this command seconds and hundreds of MB. AutoTokenizer.from_pretrained(output_dir) loads it (tested).
+    tokenizer = WordPiece(bert_backend(tokens, lowercase, strip_accents=lowercase), str(output_dir))
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tokenizer.save_pretrained(str(out))
+    atomic_write_text(out / "tokenizer.json", tokenizer.backend_tokenizer.to_str(pretty=True))
+    config = {"backend": "tokenizers", "cls_token": "[CLS]", "do_lower_case": lowercase, "mask_token": "[MASK]",
+              "model_max_length": int(1e30), "pad_token": "[PAD]", "sep_token": "[SEP]", "strip_accents": lowercase,
+              "tokenize_chinese_chars": True, "tokenizer_class": "BertTokenizer", "unk_token": "[UNK]"}
+    atomic_write_text(out / "tokenizer_config.json", json.dumps(config, indent=2, sort_keys=True) + "\n")
     atomic_write_text(out / "vocab.txt", "".join(f"{t}\n" for t in tokens))
     atomic_write_text(out / REPORT_FILE, json.dumps({"files": [str(p) for p in paths], "vocab_size": vocab_size,
                                                       "lowercase": lowercase, "min_frequency": min_frequency,
