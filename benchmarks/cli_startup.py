@@ -2,7 +2,9 @@
 """Start-up of the `bert-suite` command line: wall time of `--help`, a subcommand's `--help` and a usage
 error (a mistyped command), each the median of --repeat fresh processes, cold and warm, beside
 `python -c "import bert_suite"` (what the command line imported before it moved to `bert_suite_cli`,
-and what every command that runs still imports).
+and what every command that runs still imports). Then the import of the modules the data commands run on
+(`bert_suite.pretraining.tokenizer`: the goal is under 0.5 s and 100 MB, without torch) beside the model's,
+each in a fresh process: its wall time (median, warm) and the peak memory of that process (VmHWM).
 
 cold: every process compiles its Python bytecode anew (PYTHONPYCACHEPREFIX set to an empty folder),
       as on the first run after an install; warm: the bytecode caches are used. The OS page cache is
@@ -27,6 +29,26 @@ CASES = {
     "bert-suite fintune (usage error)": ["-m", "bert_suite_cli", "fintune"],
     'python -c "import bert_suite"': ["-c", "import bert_suite"],
 }
+MODULES = ("bert_suite.pretraining.tokenizer", "bert_suite.pretraining.instances", "bert_suite.pretraining.decontaminate",
+           "bert_suite.modeling_bert_suite")
+IMPORT = """import sys, time
+started = time.perf_counter()
+import {module}
+seconds = time.perf_counter() - started
+peak = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM")) / 1024
+print(seconds, peak, "torch" in sys.modules)"""
+
+
+def imported(module: str, repeat: int) -> dict:
+    """The median seconds of importing `module` in a fresh process, its process's peak MiB and whether torch came."""
+    runs = []
+    for _ in range(repeat + 1):  # the first fills the bytecode caches
+        out = subprocess.run([sys.executable, "-c", IMPORT.format(module=module)], capture_output=True, text=True,
+                             env=dict(os.environ, HF_HUB_OFFLINE="1"), timeout=300, check=True).stdout.split()
+        runs.append((float(out[0]), float(out[1]), out[2] == "True"))
+    runs = runs[1:]
+    return {"seconds": statistics.median(r[0] for r in runs), "peak_mib": statistics.median(r[1] for r in runs),
+            "torch": runs[0][2]}
 
 
 def timed(argv: list[str], cold: bool) -> float:
@@ -56,8 +78,12 @@ def main(argv=None) -> dict:
     print("| command | cold (s) | warm (s) |\n|---|---:|---:|")
     for name, r in results.items():
         print(f"| `{name}` | {r['cold']:.2f} | {r['warm']:.2f} |")
+    imports = {module: imported(module, args.repeat) for module in MODULES}
+    print("\n| import | seconds (warm) | peak MiB | torch |\n|---|---:|---:|---|")
+    for module, r in imports.items():
+        print(f"| `{module}` | {r['seconds']:.2f} | {r['peak_mib']:.0f} | {'yes' if r['torch'] else 'no'} |")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"repeat": args.repeat, "results": results}, indent=2))
+    Path(args.out).write_text(json.dumps({"repeat": args.repeat, "results": results, "imports": imports}, indent=2))
     return results
 
 

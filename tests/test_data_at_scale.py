@@ -222,6 +222,15 @@ def test_a_local_dask_cluster_of_two_workers_gives_the_single_process_bytes(tmp_
     for name in ("tokenizer.json", "vocab.txt"):
         assert (tmp_path / "tok" / name).read_bytes() == (tmp_path / "tok_dask" / name).read_bytes(), name
     assert json.loads((tmp_path / "tok_dask" / REPORT_FILE).read_text())["tasks"] > 10
+    # the workers counted words without importing torch, transformers or the model (before static masking below)
+    asked = subprocess.run([sys.executable, "-c", "import json, sys\nfrom distributed import Client\n"
+                            f"with Client({dask_cluster!r}, timeout=30) as client:\n"
+                            "    print(json.dumps(client.run(lambda: [m for m in ('torch', 'transformers', "
+                            "'bert_suite.modeling_bert_suite') if m in sys.modules])))"],
+                           capture_output=True, text=True, timeout=120)
+    assert asked.returncode == 0, asked.stderr[-2000:]
+    imported = json.loads(asked.stdout.strip().splitlines()[-1])
+    assert len(imported) == 2 and not any(imported.values()), imported
 
     cli("pretrain-data", "--input", str(corpus), "--tokenizer", str(tmp_path / "tok"), "--max_seq_length", "64",
         "--static_masking", "--docs_per_shard", "50", "--output_dir", str(tmp_path / "single"), "--num_proc", "1")

@@ -8,10 +8,10 @@ import sys
 import textwrap
 
 import pytest
-from helpers import write_ablation_data
 
 from bert_suite.pretraining.tokenizer import train_tokenizer
 from bert_suite.tokenization import load_wordpiece
+from helpers import write_ablation_data
 
 HEAVY = ("torch", "transformers", "bert_suite.modeling_bert_suite")
 
