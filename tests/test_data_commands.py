@@ -108,3 +108,51 @@ def test_import_bert_suite_registers_the_family_whatever_came_first(first):
         """)
     assert found == {"config": "BertSuiteConfig", "models": ["BertSuiteForMaskedLM", "BertSuiteForSequenceClassification"],
                      "auto_classes": 8}
+
+
+FORK_SAFE = """
+import json, sys
+sys.path.insert(0, {tests!r})
+
+if __name__ == "__main__":
+    from pathlib import Path
+
+    from bert_suite.pretraining.pools import start_method
+    alone = start_method()
+    import torch  # torch's threads now run in this process: a fork here could copy a held lock
+    torch.set_num_threads(2)
+    torch.mm(torch.randn(256, 256), torch.randn(256, 256))
+    import datasets
+    from helpers import write_ablation_data
+
+    from bert_suite.pretraining.instances import build_pretraining_dataset
+    from bert_suite.pretraining.tokenizer import train_tokenizer
+
+    out = Path({out!r})
+    data = write_ablation_data(out / "data")
+    corpus = [str(p) for p in sorted((data / "corpus").rglob("*.*")) if p.is_file()]
+    for n in (1, 2):
+        train_tokenizer(corpus, 80, True, str(out / f"tok{{n}}"), num_proc=n, count_task_bytes=2048)
+        build_pretraining_dataset(corpus, str(out / "tok1"), str(out / f"data{{n}}"), max_seq_length=32, num_proc=n,
+                                  docs_per_shard=10)
+    same_vocabulary = all((out / "tok1" / f).read_bytes() == (out / "tok2" / f).read_bytes()
+                          for f in ("vocab.txt", "tokenizer.json"))
+    one, two = (datasets.load_from_disk(str(out / f"data{{n}}")) for n in (1, 2))
+    print(json.dumps({{"alone": alone, "threaded": start_method(), "same_vocabulary": same_vocabulary,
+                      "same_instances": one[:] == two[:], "instances": len(one)}}))
+"""
+
+
+def test_pools_started_after_torchs_threads_finish_with_the_single_process_bytes(tmp_path):
+    """In a process whose torch threads run, the word counts and the instances are built with 2 processes,
+    within a timeout (a fork there can hang in a futex), and equal the 1-process builds."""
+    from helpers import REPO
+
+    script = tmp_path / "build.py"
+    script.write_text(FORK_SAFE.format(tests=str(REPO / "tests"), out=str(tmp_path)))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=240,
+                          env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert (found["alone"], found["threaded"]) == ("fork", "forkserver")
+    assert found["same_vocabulary"] and found["same_instances"] and found["instances"] > 100

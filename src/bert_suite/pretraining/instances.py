@@ -29,6 +29,7 @@ from pathlib import Path
 
 from ..io import atomic_write_text
 from ..tokenization import check_bert_vocabulary, check_max_seq_length, load_wordpiece
+from .pools import datasets_pools
 from .text_files import check_input_files, document_spans, file_encoding, read_piece, resolve_format
 
 SHARD_BYTES = 16 << 20  # text per shard; as Python lists of token ids and instances a worker holds ~15-20x this
@@ -464,11 +465,12 @@ def _build(jobs: list, out: Path, paths: list[Path], file_info: dict, arguments:
         fingerprint = hashlib.sha256(repr(key if part is None else (*key, part)).encode()).hexdigest()[:16]
         try:
             # A fresh cache_dir: the generator must really run so that the shard statistics get written.
-            dataset = Dataset.from_generator(_generate, features=_features(static_masking),
-                                             cache_dir=os.path.join(scratch, "cache"),
-                                             gen_kwargs={"shards": jobs, "settings": settings,
-                                                         "tokenizer": tokenizer},
-                                             num_proc=workers if workers > 1 else None, fingerprint=fingerprint)
+            with datasets_pools():  # its workers are started safely in a process that runs threads (pools.py)
+                dataset = Dataset.from_generator(_generate, features=_features(static_masking),
+                                                 cache_dir=os.path.join(scratch, "cache"),
+                                                 gen_kwargs={"shards": jobs, "settings": settings,
+                                                             "tokenizer": tokenizer},
+                                                 num_proc=workers if workers > 1 else None, fingerprint=fingerprint)
         except DatasetGenerationError as err:
             # Bad input found by a worker: re-raise its ValueError as is, not datasets' generic wrapper
             # (from a worker process the original survives only as the text of its traceback).

@@ -210,9 +210,10 @@ def _run_tasks(tasks, lowercase: bool, num_proc: int, dask_client):
         return
     import multiprocessing
 
-    # fork where there is one: a worker starts at once instead of importing the package anew
-    method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
-    with multiprocessing.get_context(method).Pool(min(num_proc, len(tasks))) as pool:
+    from .pools import start_method
+
+    # fork from a process of one thread (a worker starts at once), else a fork server (pools.py says why)
+    with multiprocessing.get_context(start_method()).Pool(min(num_proc, len(tasks))) as pool:
         yield from pool.imap(_count_packed, [(*task, lowercase) for task in tasks])
 
 
