@@ -12,7 +12,10 @@ the dense layers on real tokens only when a batch has padding.
 
 Each side runs in each precision of --precisions (default fp32 and bf16 autocast over the forward,
 the loss included, fp32 master weights as in the recipe), the four runs alternating, so bf16/fp32 and
-ours/stock in each precision are ratios from one run. Model FLOPs utilisation (MFU) = model FLOPs per
+ours/stock in each precision are ratios from one run. Each timed repetition is a process of its own (one
+warm-up step, then the steps), as each side's users run it: ours with the allocator settings the recipe sets
+on a CPU (bert_suite.allocator.tune), stock with glibc's defaults (BERT_SUITE_ALLOCATOR=default has ours run
+with them too). The loss check and --profile run both sides in this process, with the defaults. Model FLOPs utilisation (MFU) = model FLOPs per
 second / the matmul FLOP/s of the same precision measured in the same run
 (common.matmul_flops_per_second, fp32 and bf16). The FLOPs formula is common.encoder_flops (x3 for
 forward + backward), the same for both models: the FLOPs the task needs, so padding and the
@@ -82,6 +85,7 @@ def parse_args(argv=None):
     p.add_argument("--out", default="pretrain_step")
     p.add_argument("--memory-child", help=argparse.SUPPRESS)  # a run: ours, stock, ours bf16, stock bf16
     p.add_argument("--batches", type=Path, help=argparse.SUPPRESS)  # the parent's batches (torch.save)
+    p.add_argument("--timing-child", help=argparse.SUPPRESS)  # one timed repetition of a run, in its own process
     args = p.parse_args(argv)
     args.vocab = args.vocab or args.data / "vocab" / "bert-base-uncased" / "vocab.txt"
     args.corpus = args.corpus or args.data / "corpus" / "wikitext-2-raw" / "wiki.test.raw"
@@ -195,6 +199,54 @@ def memory_child(args) -> None:
     print(json.dumps({"peak_rss_mib": common.max_rss_mib(), "baseline_rss_mib": baseline}))
 
 
+def timing_child(args) -> None:
+    """Child process: one run ("ours", "stock bf16", ...) on the parent's batches, as its users run it (ours:
+    the recipe's allocator settings); one warm-up step, then the steps once; prints the seconds."""
+    import time
+
+    import torch
+
+    from bert_suite.allocator import tune
+    from bert_suite.tokenization import load_pretraining_tokenizer
+
+    side, bf16 = args.timing_child.split()[0], args.timing_child.endswith("bf16")
+    memory = tune() if side == "ours" else {"allocator": "default"}
+    batches = torch.load(args.batches)
+    _, ours, stock = build_models(args.presets[0], len(load_pretraining_tokenizer(str(args.vocab))))
+    run = stepper(ours if side == "ours" else stock, batches, side == "ours", bf16_autocast() if bf16 else None)
+    run(batches[:1])
+    started = time.perf_counter()
+    run()
+    print(json.dumps({"seconds": time.perf_counter() - started, **memory}))
+
+
+def timed_in_processes(args, preset: str, names: list[str], batches: list) -> tuple[dict, dict]:
+    """The seconds of each run's repetitions, each repetition a process of its own, the runs alternating
+    (reversed every other round); and the allocator each run had."""
+    import os
+    import subprocess
+
+    import torch
+
+    seconds, allocators = {name: [] for name in names}, {}
+    with tempfile.TemporaryDirectory() as tmp:
+        torch.save(batches, Path(tmp) / "batches.pt")
+        for rep in range(args.repeats):
+            for name in (names if rep % 2 == 0 else list(reversed(names))):
+                env = {k: v for k, v in os.environ.items() if k != "BERT_SUITE_ALLOCATOR" or name.startswith("ours")}
+                if not name.startswith("ours"):
+                    env["BERT_SUITE_ALLOCATOR"] = "default"  # stock as its users run it
+                done = subprocess.run([sys.executable, __file__, "--presets", preset, "--vocab", str(args.vocab),
+                                       "--batches", str(Path(tmp) / "batches.pt"), "--timing-child", name],
+                                      capture_output=True, text=True, env=env, timeout=1800)
+                if done.returncode:
+                    raise RuntimeError(f"timing {name} at {preset} failed:\n{done.stderr[-3000:]}")
+                found = json.loads(done.stdout.strip().splitlines()[-1])
+                seconds[name].append(found.pop("seconds"))
+                allocators[name] = found["allocator"]
+    return seconds, allocators
+
+
 def bench_preset(args, preset: str, tokenizer, peaks: dict) -> dict:
     size = args.batch_size or BATCH[preset]
     steps = max(1, args.steps // 3) if preset in ("base", "large") else args.steps
@@ -207,14 +259,12 @@ def bench_preset(args, preset: str, tokenizer, peaks: dict) -> dict:
         models.update({"ours bf16": copy.deepcopy(ours), "stock bf16": copy.deepcopy(stock)})
     runs = {name: stepper(models[name], batches, name.startswith("ours"), bf16_autocast() if name.endswith("bf16") else None)
             for name in run_names(precisions)}
-    for run in runs.values():  # warm-up: one step each
-        run(batches[:1])
-    seconds = common.alternate(runs, args.repeats)
+    seconds, allocators = timed_in_processes(args, preset, list(runs), batches)
     lengths = [n for b in batches for n in b["attention_mask"].sum(1).tolist()]
     masked = sum(int((b["labels"] != -100).sum()) for b in batches)
     flops = 3 * common.encoder_flops(config, lengths, masked)
     row = {"preset": preset, "batch": f"{size} x {args.seq_len}", "steps": steps, "tokens": sum(lengths),
-           "masked": masked, "loss_diff_no_dropout": check, "seconds": seconds}
+           "masked": masked, "loss_diff_no_dropout": check, "seconds": seconds, "allocator": allocators}
     for side in runs:
         t = common.median(seconds[side])
         row[f"{side}_tokens_per_s"] = sum(lengths) / t
@@ -228,6 +278,8 @@ def bench_preset(args, preset: str, tokenizer, peaks: dict) -> dict:
         for side in ("ours", "stock"):
             row[f"{side} bf16/fp32"] = row[f"{side} bf16_tokens_per_s"] / row[f"{side}_tokens_per_s"]
     if args.profile:
+        for run in runs.values():  # warm-up: one step each
+            run(batches[:1])
         row["profile"] = {f"{side} step": common.profile_breakdown(lambda r=run: r(batches[:1]))
                           for side, run in runs.items()}
     if args.memory:
@@ -256,6 +308,9 @@ def main(argv=None) -> dict:
     transformers.logging.set_verbosity_error()
     if args.memory_child:
         memory_child(args)
+        return {}
+    if args.timing_child:
+        timing_child(args)
         return {}
     machine = common.machine()
     tokenizer = load_pretraining_tokenizer(str(args.vocab))

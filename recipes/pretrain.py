@@ -36,6 +36,7 @@ from tqdm.auto import tqdm
 from transformers import get_linear_schedule_with_warmup
 
 from bert_suite import BertSuiteConfig, BertSuiteForPreTraining
+from bert_suite.allocator import tune as tune_allocator
 from bert_suite.distributed import launched_processes, needs_cpu_group
 from bert_suite.faults import failpoint
 from bert_suite.io import atomic_write_text
@@ -249,6 +250,8 @@ def main(argv=None):
         raise SystemExit(f"pretrain: error: gradient_accumulation_steps is {cfg.gradient_accumulation_steps} but the "
                          f"accelerate config sets {accelerator.gradient_accumulation_steps}; expected the same value "
                          "in both (the recipe cuts each step into that many micro-batches)")
+    # on a CPU, keep the memory each step frees for the next step (bert_suite/allocator.py; BERT_SUITE_ALLOCATOR=default: off)
+    memory = tune_allocator() if accelerator.device.type == "cpu" else {}
     set_seed(cfg.seed)
     tokenizer = load_pretraining_tokenizer(cfg.tokenizer)
     # dropout null: the preset's or the checkpoint's; 0 turns it off (cramming, MosaicBERT)
@@ -379,7 +382,7 @@ def main(argv=None):
 
     final = save_model(accelerator, model, tokenizer, out / "final")
     if accelerator.is_main_process:
-        results = {"step": step, "config": vars(cfg), **precision.record(), **(history[-1] if history else {})}
+        results = {"step": step, "config": vars(cfg), **precision.record(), **memory, **(history[-1] if history else {})}
         atomic_write_text(out / "pretrain_results.json", json.dumps(results, indent=2, default=str))
         accelerator.print(f"saved {final}: " + ", ".join(f"{k} {v:.4g}" for k, v in (history or [{}])[-1].items()))
         if cfg.push_to_hub:

@@ -50,6 +50,9 @@ def test_pretrain_step_benchmark_rows(corpus):
     assert row["tokens"] > 0 and 0 < row["masked"] <= 2 * 4 * 20
     assert row["loss_diff_no_dropout"] < 1e-5  # the same computation
     assert row["ours_tokens_per_s"] > 0 and row["stock_tokens_per_s"] > 0 and row["speedup"] > 0
+    # each side timed in its own process as its users run it: stock with glibc's defaults, ours tuned as the recipe
+    assert row["allocator"]["stock"] == row["allocator"]["stock bf16"] == "default"
+    assert row["allocator"]["ours"] in ("glibc tuned", "not glibc")
     assert 0 < row["ours_mfu"] and 0 < row["stock_mfu"]
     assert "matmul" in row["profile"]["ours step"] and "matmul" in row["profile"]["stock step"]
     # both precisions in the same run: bf16 rows, their ratios, and each precision's own matmul peak

@@ -156,3 +156,20 @@ def test_pools_started_after_torchs_threads_finish_with_the_single_process_bytes
     found = json.loads(done.stdout.strip().splitlines()[-1])
     assert (found["alone"], found["threaded"]) == ("fork", "forkserver")
     assert found["same_vocabulary"] and found["same_instances"] and found["instances"] > 100
+
+
+def test_training_keeps_freed_memory_unless_told_not_to():
+    """allocator.tune: glibc's mmap threshold up to 32 MiB, no trimming, a large top pad, set once per process;
+    BERT_SUITE_ALLOCATOR=default leaves glibc's settings."""
+    code = """
+        import json
+        from bert_suite.allocator import tune
+        print(json.dumps([tune(), tune()]))
+        """
+    tuned, again = run_python(code)
+    assert tuned == again and tuned["allocator"] in ("glibc tuned", "not glibc")
+    if tuned["allocator"] == "glibc tuned":
+        assert tuned["M_MMAP_THRESHOLD"] == 32 << 20 and tuned["M_TOP_PAD"] == 512 << 20
+    default = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=120,
+                             env={"BERT_SUITE_ALLOCATOR": "default", "PATH": "/usr/bin:/bin"})
+    assert json.loads(default.stdout)[0] == {"allocator": "default", "reason": "BERT_SUITE_ALLOCATOR=default"}

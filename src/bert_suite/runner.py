@@ -31,6 +31,7 @@ from transformers.trainer_utils import get_last_checkpoint
 
 from . import __version__, adapters
 from .adapters import TaskAdapter, split_file_stem
+from .allocator import tune as tune_allocator
 from .cards import CARD_FILE, TaskCard, save_card
 from .configuration_bert_suite import BertSuiteConfig
 from .distributed import is_main_process, launched_processes, needs_cpu_group
@@ -344,6 +345,8 @@ def train_and_evaluate(prepared: Prepared, model_name: str, args: TrainingArgume
     Returns metrics, per-epoch history and runtime."""
     card = prepared.card
     adapter = adapter_for(card)
+    if not torch.cuda.is_available() or args.use_cpu:
+        tune_allocator()  # keep the memory each step frees for the next (allocator.py; BERT_SUITE_ALLOCATOR=default: off)
     transformers.set_seed(args.seed)  # the seed also sets the head's initialisation (a random restart)
     model = load_model(card, model_name, prepared.max_seq_length, len(prepared.tokenizer))
     if lora is not None:
