@@ -470,9 +470,6 @@ def data_lock(out: Path):
 class Progress:
     """A line per stage: what is done, what remains, and an estimate of the time left."""
 
-    def __init__(self):
-        self.started = time.time()
-
     def stage(self, name: str, text: str) -> None:
         print(f"[ablation] {STAGES.index(name) + 1}/{len(STAGES)} {name}: {text}", flush=True)
 
