@@ -297,6 +297,12 @@ def bench_preset(args, preset: str, tokenizer, peaks: dict) -> dict:
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
+    if args.memory_child or args.timing_child:  # a child of this script: the parent checked the files
+        import transformers
+
+        transformers.logging.set_verbosity_error()
+        (memory_child if args.memory_child else timing_child)(args)
+        return {}
     for path in (args.vocab, args.corpus):
         if not path.is_file():
             common.skip(f"{path} not found (pass --data, --vocab or --corpus)")
@@ -306,12 +312,6 @@ def main(argv=None) -> dict:
     from bert_suite.tokenization import load_pretraining_tokenizer
 
     transformers.logging.set_verbosity_error()
-    if args.memory_child:
-        memory_child(args)
-        return {}
-    if args.timing_child:
-        timing_child(args)
-        return {}
     machine = common.machine()
     tokenizer = load_pretraining_tokenizer(str(args.vocab))
     dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16}
