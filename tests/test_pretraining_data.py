@@ -231,6 +231,59 @@ def test_wordpiece_merges_take_the_most_frequent_pair_and_break_ties_by_text():
     assert learn_wordpieces({"aaaa": 1}, 100, 1, ("[PAD]",)) == ["[PAD]", "##a", "a", "##aa", "##aaa", "aaaa"]
 
 
+def naive_wordpieces(word_counts: dict[str, int], vocab_size: int, min_frequency: int, specials=("[PAD]",)):
+    """The merge rule written plainly (every pair counted anew before each merge): the reference the
+    incremental learner must equal."""
+    from collections import Counter
+
+    words = {w: [w[0], *("##" + c for c in w[1:])] for w in word_counts}
+    alphabet = Counter()
+    for w, count in word_counts.items():
+        for symbol in words[w]:
+            alphabet[symbol] += count
+    vocab = [*specials, *sorted(alphabet, key=lambda s: (-alphabet[s], s))]
+    while len(vocab) < vocab_size:
+        pairs = Counter()
+        for w, count in word_counts.items():
+            for pair in zip(words[w], words[w][1:]):
+                pairs[pair] += count
+        if not pairs:
+            break
+        (a, b), n = min(pairs.items(), key=lambda kv: (-kv[1], kv[0]))
+        if n < min_frequency:
+            break
+        piece = a + b[2:]
+        if piece not in vocab:
+            vocab.append(piece)
+        for w, symbols in words.items():
+            out, i = [], 0
+            while i < len(symbols):
+                if i + 1 < len(symbols) and (symbols[i], symbols[i + 1]) == (a, b):
+                    out.append(piece)
+                    i += 2
+                else:
+                    out.append(symbols[i])
+                    i += 1
+            words[w] = out
+    return vocab
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_the_wordpiece_learner_equals_the_plain_merge_rule(seed):
+    """Runs of one letter (a a a a: joined left to right), adjacent joins in one word (abab), pieces spelt
+    by two merges, ties, rare pairs below min_frequency, at random."""
+    from bert_suite.pretraining.tokenizer import learn_wordpieces
+
+    rng = random.Random(seed)
+    letters = "aab" if seed % 3 == 0 else "abcde"
+    counts = {}
+    for _ in range(rng.randint(5, 60)):
+        counts["".join(rng.choice(letters) for _ in range(rng.randint(1, 9)))] = rng.randint(1, 6)
+    for min_frequency in (1, 2, 4):
+        expected = naive_wordpieces(counts, 80, min_frequency)
+        assert learn_wordpieces(dict(counts), 80, min_frequency, specials=("[PAD]",)) == expected, (counts, min_frequency)
+
+
 def test_an_existing_vocab_is_used_as_is(tmp_path):
     tokens = [*SPECIAL_TOKENS, "hello", "world", "##s", ",", "."]
     (tmp_path / "vocab.txt").write_text("\n".join(tokens) + "\n", encoding="utf-8")

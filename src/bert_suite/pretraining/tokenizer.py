@@ -16,7 +16,7 @@ from __future__ import annotations
 import heapq
 import json
 import os
-from collections import Counter, defaultdict
+from collections import Counter
 from pathlib import Path
 
 from tqdm.auto import tqdm
@@ -27,6 +27,8 @@ from .cluster import dask_client, run_in_order
 from .text_files import check_input_files, file_encoding
 
 PREFIX = "##"
+_KEY = 1 << 24  # a pair's key: left id * _KEY + right id (symbol ids stay below it)
+SMALL = 256  # a merge that adds and removes at most this many pairs updates the counts in Python
 REPORT_FILE = "tokenizer_report.json"  # what was counted (and dropped by a cap), beside the vocabulary
 TASK_BYTES = 32 << 20  # text per counting task at most (a worker's unit; the same for every num_proc)
 MIN_TASK_BYTES = 4 << 20  # ... and at least, unless a file is smaller: a corpus is cut into ~16 tasks or more
@@ -233,47 +235,61 @@ def learn_wordpieces(word_counts: dict[str, int], vocab_size: int, min_frequency
     alone. Two pairs can spell the same piece (`th` + `##e`, `t` + `##he`); the piece is listed
     once.
 
-    The work scales with the words a merge touches, not with all words: each pair keeps the list
-    of words it occurs in, a merge updates only the pairs around the positions it joins, and the
+    The work scales with the positions a merge joins, not with all words, and runs in numpy: every
+    character of every distinct word is a node of one array (its symbol, the next and previous node of
+    its word, the word's count); each pair keeps the nodes where it starts, a merge joins those still
+    valid, left to right (a linked list: the right node leaves its word), and updates only the pairs
+    around them, a few of Python's dictionary operations per distinct pair rather than per word (an
+    early merge joins in most words of a corpus of unrelated letters: hundreds of thousands). The
     most frequent pair comes from a heap. A pair whose count fell keeps its old, higher entry until
     that entry reaches the top, where it is put back with its current count (or dropped below
     `min_frequency`): every pair always has an entry at least as high as its count, so the first
     entry popped that matches its pair's count is the true maximum. `clear_input` empties
     `word_counts` once read (its memory is free for the merges)."""
-    symbol_of: dict[str, str] = {}  # one string object per symbol: words share them
-    words: list[list[str]] = []
-    freqs: list[int] = []
-    alphabet: Counter = Counter()
+    import numpy as np  # here: the module is imported by every data command, numpy by this step alone
+
     ordered = sorted(word_counts.items())
     if clear_input:
         word_counts.clear()
-    for word, count in ordered:
-        symbols = [symbol_of.setdefault(word[0], word[0])]
-        for c in word[1:]:
-            symbol = PREFIX + c
-            symbols.append(symbol_of.setdefault(symbol, symbol))
-        words.append(symbols)
-        freqs.append(count)
-        for symbol in symbols:
-            alphabet[symbol] += count
-    del symbol_of, ordered
-    vocab = [*specials, *sorted((s for s in alphabet if s not in specials), key=lambda s: (-alphabet[s], s))]
+    if not ordered:
+        return list(specials)
+    # Every word's characters in one array (code points), a node per character: its symbol id, the next and
+    # previous node of its word (-1 at the ends; a merge unlinks the right node), and its word's count.
+    text = "".join(word for word, _ in ordered)
+    points = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32).astype(np.int64)
+    lengths = np.fromiter((len(word) for word, _ in ordered), dtype=np.int64, count=len(ordered))
+    weight = np.repeat(np.fromiter((count for _, count in ordered), dtype=np.int64, count=len(ordered)), lengths)
+    del ordered, text
+    first = np.zeros(len(points), dtype=bool)
+    first[np.cumsum(lengths) - lengths] = True
+    kinds, sym = np.unique(points * 2 + ~first, return_inverse=True)  # a word's first character or a ##piece
+    sym = sym.astype(np.int64)
+    del points
+    names = [chr(k >> 1) if k % 2 == 0 else PREFIX + chr(k >> 1) for k in kinds.tolist()]
+    id_of = {name: i for i, name in enumerate(names)}
+    alphabet = np.bincount(sym, weights=weight, minlength=len(names))
+    vocab = [*specials, *sorted((s for s in names if s not in specials), key=lambda s: (-alphabet[id_of[s]], s))]
     known = set(vocab)
-    pair_counts: defaultdict[tuple[str, str], int] = defaultdict(int)
-    pair_words: defaultdict[tuple[str, str], list[int]] = defaultdict(list)  # may repeat a word: harmless
-    for i, symbols in enumerate(words):
-        for pair in zip(symbols, symbols[1:], strict=False):
-            pair_counts[pair] += freqs[i]
-            pair_words[pair].append(i)
-    heap = [(-count, a, b) for (a, b), count in pair_counts.items() if count >= min_frequency]
+    n = len(sym)
+    nxt = np.arange(1, n + 1, dtype=np.int64)
+    nxt[np.flatnonzero(first[1:])] = -1
+    nxt[-1] = -1
+    prv = np.arange(-1, n - 1, dtype=np.int64)
+    prv[first] = -1
+    del first
+    # pair key -> count, and -> the nodes where it starts (arrays, appended to; stale entries are skipped)
+    starts = np.flatnonzero(nxt >= 0)
+    pair_counts, where = {}, {}
+    _add_pairs(starts, sym[starts] * _KEY + sym[starts + 1], weight, pair_counts, where)
+    heap = [(-c, names[k // _KEY], names[k % _KEY], k) for k, c in pair_counts.items() if c >= min_frequency]
     heapq.heapify(heap)
     with tqdm(total=max(0, vocab_size - len(vocab)), desc="learning wordpieces", unit="piece", mininterval=1) as bar:
         while len(vocab) < vocab_size and heap:
-            negative, a, b = heapq.heappop(heap)
-            count = pair_counts.get((a, b), 0)
-            if count != -negative:  # a stale entry: the pair's count fell since it was pushed
+            negative, a, b, key = heapq.heappop(heap)
+            count = pair_counts.get(key, 0)
+            if count != -negative:
                 if count >= min_frequency:
-                    heapq.heappush(heap, (-count, a, b))
+                    heapq.heappush(heap, (-count, a, b, key))
                 continue
             if count < min_frequency:
                 break
@@ -282,80 +298,92 @@ def learn_wordpieces(word_counts: dict[str, int], vocab_size: int, min_frequency
                 vocab.append(piece)
                 known.add(piece)
                 bar.update(1)
-            grown: set[tuple[str, str]] = set()
-            for i in pair_words.pop((a, b)):
-                old = words[i]
-                starts = _find_pair(old, a, b)
-                if not starts:
-                    continue  # listed twice, or the word lost this pair to an earlier merge
-                freq = freqs[i]
-                # Only the pairs that touch a joined position change: those of the old word go, those
-                # of the new word around each new piece come (the rest map one to one). (a, b) itself
-                # is dropped whole after the loop.
-                if len(starts) == 1:  # nearly always: one join, its left and right neighbours
-                    j = starts[0]
-                    new = old[:j]
-                    new.append(piece)
-                    new += old[j + 2:]
-                    if j:
-                        x = old[j - 1]
-                        _take(pair_counts, pair_words, (x, a), freq)
-                        pair = (x, piece)
-                        pair_counts[pair] += freq
-                        pair_words[pair].append(i)
-                        grown.add(pair)
-                    if j + 2 < len(old):
-                        y = old[j + 2]
-                        _take(pair_counts, pair_words, (b, y), freq)
-                        pair = (piece, y)
-                        pair_counts[pair] += freq
-                        pair_words[pair].append(i)
-                        grown.add(pair)
-                    words[i] = new
-                    continue
-                new = old[: starts[0]]
-                for k, j in enumerate(starts):
-                    new.append(piece)
-                    new.extend(old[j + 2: starts[k + 1] if k + 1 < len(starts) else None])
-                for k in sorted({k for j in starts for k in (j - 1, j, j + 1) if 0 <= k < len(old) - 1}):
-                    _take(pair_counts, pair_words, (old[k], old[k + 1]), freq)
-                for k in sorted({k for n, j in enumerate(starts) for k in (j - n - 1, j - n) if 0 <= k < len(new) - 1}):
-                    pair = (new[k], new[k + 1])
-                    pair_counts[pair] += freq
-                    pair_words[pair].append(i)
-                    grown.add(pair)
-                words[i] = new
-            pair_counts.pop((a, b), None)
-            pair_words.pop((a, b), None)
-            for pair in grown:
-                count = pair_counts.get(pair, 0)
+            if piece not in id_of:
+                id_of[piece] = len(names)
+                names.append(piece)
+            ia, ib, ip = key // _KEY, key % _KEY, id_of[piece]
+            chunks = where.pop(key)
+            nodes = chunks[0] if len(chunks) == 1 else np.unique(np.concatenate(chunks))
+            after = nxt[nodes]
+            nodes = nodes[(sym[nodes] == ia) & (after >= 0)]
+            nodes = nodes[sym[nxt[nodes]] == ib]
+            if ia == ib and len(nodes) > 1:  # a a a: join left to right, without overlap
+                chained = np.r_[False, nodes[1:] == nxt[nodes[:-1]]]
+                run = np.cumsum(~chained)
+                offset = np.arange(len(nodes)) - np.flatnonzero(~chained)[run - 1]
+                nodes = nodes[offset % 2 == 0]
+            right = nxt[nodes]
+            beyond = nxt[right]
+            left = prv[nodes]
+            # the pairs around each join go (those that start at its left neighbour and at its right half) ...
+            gone = np.unique(np.concatenate([left[left >= 0], right[beyond >= 0]]))
+            gone_keys = sym[gone] * _KEY + sym[nxt[gone]]
+            # ... the join: the left node takes the piece, the right node leaves its word
+            sym[nodes] = ip
+            sym[right] = -1
+            nxt[nodes] = beyond
+            prv[beyond[beyond >= 0]] = nodes[beyond >= 0]
+            # ... and the pairs around each new piece come
+            left = prv[nodes]  # anew: a join's left neighbour may be the previous join's left half
+            came = np.unique(np.concatenate([left[left >= 0], nodes[beyond >= 0]]))
+            came_keys = sym[came] * _KEY + sym[nxt[came]]
+            pair_counts.pop(key, None)
+            keep = gone_keys != key  # the joined pair itself is dropped whole
+            grown = _add_pairs(came, came_keys, weight, pair_counts, where, gone[keep], gone_keys[keep])
+            for k in grown:
+                count = pair_counts.get(k, 0)
                 if count >= min_frequency:
-                    heapq.heappush(heap, (-count, *pair))
+                    heapq.heappush(heap, (-count, names[k // _KEY], names[k % _KEY], k))
     return vocab
 
 
-def _take(pair_counts: dict, pair_words: dict, pair: tuple[str, str], freq: int) -> None:
-    """Lower a pair's count by `freq`; a pair seen nowhere any more is forgotten."""
-    left = pair_counts[pair] - freq
-    if left:
-        pair_counts[pair] = left
+def _add_pairs(starts, keys, weight, pair_counts, where, gone=None, gone_keys=None):
+    """Add the pairs starting at `starts` (`keys`) to the counts, weighted by their words' counts, and to
+    `where`; subtract those at `gone`. Returns the keys that were added."""
+    import numpy as np
+
+    if len(keys) + (0 if gone is None else len(gone)) <= SMALL:  # a late merge: a few nodes, Python is quicker
+        deltas, added = {}, {}
+        for k, w, at in zip(keys.tolist(), weight[starts].tolist(), starts.tolist(), strict=True):
+            deltas[k] = deltas.get(k, 0) + w
+            added.setdefault(k, []).append(at)
+        if gone is not None:
+            for k, w in zip(gone_keys.tolist(), weight[gone].tolist(), strict=True):
+                deltas[k] = deltas.get(k, 0) - w
+        _apply(deltas.items(), pair_counts, where)
+        for k, at in added.items():
+            where.setdefault(k, []).append(np.array(at, dtype=np.int64))
+        return list(added)
+    if gone is not None and len(gone):
+        all_keys = np.concatenate([keys, gone_keys])
+        weights = np.concatenate([weight[starts], -weight[gone]])
     else:
-        del pair_counts[pair]
-        pair_words.pop(pair, None)
+        all_keys, weights = keys, weight[starts]
+    distinct, inverse = np.unique(all_keys, return_inverse=True)
+    deltas = np.bincount(inverse, weights=weights.astype(np.float64), minlength=len(distinct))
+    _apply(zip(distinct.tolist(), (int(round(d)) for d in deltas.tolist()), strict=True), pair_counts, where)
+    if not len(keys):
+        return []
+    order = np.argsort(keys, kind="stable")
+    sorted_keys = keys[order]
+    bounds = np.flatnonzero(np.concatenate(([True], sorted_keys[1:] != sorted_keys[:-1], [True])))
+    added = sorted_keys[bounds[:-1]].tolist()
+    positions = starts[order]
+    for k, lo, hi in zip(added, bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
+        where.setdefault(k, []).append(positions[lo:hi])
+    return added
 
 
-def _find_pair(symbols: list[str], a: str, b: str) -> list[int]:
-    """The positions of the left halves of the adjacent (a, b) pairs in `symbols` that a merge
-    joins, left to right and without overlap (`a a a` holds one (a, a) to join, at 0)."""
-    starts: list[int] = []
-    i, last = 0, len(symbols) - 1
-    while True:
-        try:
-            i = symbols.index(a, i, last)  # in C: a word rarely holds `a` more than once
-        except ValueError:
-            return starts
-        if symbols[i + 1] == b:
-            starts.append(i)
-            i += 2
-        else:
-            i += 1
+
+
+def _apply(deltas, pair_counts, where) -> None:
+    """Add each (key, delta) to the counts; a pair seen nowhere any more is forgotten."""
+    for k, d in deltas:
+        if d:
+            total = pair_counts.get(k, 0) + d
+            if total:
+                pair_counts[k] = total
+            else:  # seen nowhere any more
+                del pair_counts[k]
+                where.pop(k, None)
+
