@@ -1,9 +1,11 @@
-# Command: .venv/bin/python benchmarks/pipeline_scale.py [--sizes_mb 100 300 1000] [--num_proc 1 2] [--work_dir /tmp/pipeline_scale]
+# Command: .venv/bin/python benchmarks/pipeline_scale.py [--sizes_mb 100 300 1000] [--letters_sizes_mb 100 300] [--num_proc 1 2] [--work_dir /tmp/pipeline_scale]
 """The data pipeline against corpus size: `bert-suite tokenizer` beside `tokenizers`' WordPieceTrainer,
 and `bert-suite pretrain-data`, in time and peak memory, at 100 MB, 300 MB and 1 GB.
 
 Corpora: synthetic Zipf text (benchmarks/zipf_corpus.py: Heaps' law growth of distinct words,
-~0.7), written once into --work_dir, plus a real-text point, the shared corpora concatenated
+~0.7), written once into --work_dir; with --letters_sizes_mb, text with little subword structure
+(zipf_corpus.write_letters_corpus: pseudo-words of letters drawn independently), where the merges touch
+most words; plus a real-text point, the shared corpora concatenated
 (Gutenberg books, WikiText-2, film reviews, Brown, State of the Union; skipped when ../shared/data
 is absent). Every run is its own process, timed from start to exit (imports included), and its
 memory sampled every 0.5 s: `peak_mib` is the largest sum of the process tree's proportional set
@@ -13,7 +15,8 @@ file pages such as memory-mapped Arrow output count in PSS but the kernel can dr
 same cores (`--num_proc` P for ours; RAYON_NUM_THREADS=P and TOKENIZERS_PARALLELISM=true for `tokenizers`). Instances: max_seq_length
 128, dupe_factor 1, dynamic masking, with our vocabulary of the same corpus. Rows go to
 benchmarks/results/pipeline_scale.json as they finish (a rerun skips the rows it has), with the plot
-pipeline_scale.png: time and peak memory against corpus size.
+pipeline_scale.png: time and peak memory against corpus size. Each row names the CPU it ran on; `--redo
+vocabulary` measures a stage's rows again (a new trainer), keeping the others.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
-from zipf_corpus import write_zipf_corpus  # noqa: E402
+from zipf_corpus import write_letters_corpus, write_zipf_corpus  # noqa: E402
 
 RESULTS = common.ROOT / "benchmarks" / "results"
 HF_TRAINER = """
@@ -49,7 +52,11 @@ tok.save(sys.argv[3])
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--sizes_mb", type=float, nargs="+", default=[100, 300, 1000])
+    p.add_argument("--sizes_mb", type=float, nargs="*", default=[100, 300, 1000])
+    p.add_argument("--letters_sizes_mb", type=float, nargs="*", default=[],
+                   help="also low-structure corpora of these sizes (letters drawn independently)")
+    p.add_argument("--redo", nargs="*", default=[], choices=["vocabulary", "instances"],
+                   help="measure these stages' rows again for the corpora asked for (other rows are kept)")
     p.add_argument("--num_proc", type=int, nargs="+", default=[1, 2])
     p.add_argument("--hf_num_proc", type=int, nargs="+", help="threads for tokenizers' trainer (default: --num_proc)")
     p.add_argument("--instances_num_proc", type=int, nargs="+", help="pretrain-data's num_proc (default: --num_proc)")
@@ -139,6 +146,12 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     args.work_dir.mkdir(parents=True, exist_ok=True)
     record = json.loads(args.out.read_text()) if args.out.is_file() and not args.fresh else {"rows": []}
+    for row in record["rows"]:  # rows measured before rows named their machine: the record's then
+        row.setdefault("cpu", record.get("machine", {}).get("cpu"))
+        row.setdefault("cpu_flags", record.get("machine", {}).get("cpu_flags"))
+    asked = {f"zipf_{size:g}mb" for size in args.sizes_mb} | {f"letters_{size:g}mb" for size in args.letters_sizes_mb} \
+        | ({"real"} if not args.no_real else set())
+    record["rows"] = [r for r in record["rows"] if not (r["stage"] in args.redo and r["corpus"] in asked)]
     done = {(r["corpus"], r["stage"], r["tool"], r["num_proc"]) for r in record["rows"]}
     if args.report_only:
         return report(record, args.out)
@@ -147,15 +160,17 @@ def main(argv=None) -> None:
     corpora = []
     if not args.no_real and (real := real_corpus(args.data, args.work_dir)):
         corpora.append(("real", real))
-    for size in args.sizes_mb:
-        path = args.work_dir / f"zipf_{size:g}mb.txt"
-        if not path.exists():
-            print(f"writing {path} ...", flush=True)
-            partial = path.with_suffix(".partial")
-            info = write_zipf_corpus(partial, int(size * 1e6), seed=0)  # one seed: each corpus starts as the smaller ones
-            partial.rename(path)
-            (args.work_dir / f"zipf_{size:g}mb.json").write_text(json.dumps(info))
-        corpora.append((f"zipf_{size:g}mb", path))
+    for kind, sizes, write in (("zipf", args.sizes_mb, write_zipf_corpus), ("letters", args.letters_sizes_mb,
+                                                                              write_letters_corpus)):
+        for size in sizes:
+            path = args.work_dir / f"{kind}_{size:g}mb.txt"
+            if not path.exists():
+                print(f"writing {path} ...", flush=True)
+                partial = path.with_suffix(".partial")
+                info = write(partial, int(size * 1e6), seed=0)  # one seed: each corpus starts as the smaller ones
+                partial.rename(path)
+                (args.work_dir / f"{kind}_{size:g}mb.json").write_text(json.dumps(info))
+            corpora.append((f"{kind}_{size:g}mb", path))
     bert_suite = [sys.executable, "-m", "bert_suite.cli"]
     hf_script = args.work_dir / "hf_trainer.py"
     hf_script.write_text(HF_TRAINER)
@@ -169,7 +184,7 @@ def main(argv=None) -> None:
         print(f"{corpus} {stage} {tool} num_proc={num_proc} ...", flush=True)
         result = run_measured(command, env)
         row = {"corpus": corpus, "bytes": path.stat().st_size, "stage": stage, "tool": tool, "num_proc": num_proc,
-               **result}
+               "cpu": kind["cpu"], "cpu_flags": kind["flags"], **result}
         info = args.work_dir / f"{corpus}.json"
         if info.exists():
             row["distinct_words"] = json.loads(info.read_text())["distinct_words"]
@@ -215,14 +230,14 @@ def markdown(record: dict) -> str:
     machine = record.get("machine", {})
     lines = [f"Machine: {machine.get('cpu')}, {machine.get('cores')} cores, flags {' '.join(machine.get('cpu_flags', []))}; "
              "time from start to exit (imports included), peak PSS of the process tree (largest process).", "",
-             "| corpus | MB | distinct words | stage | tool | proc | seconds | peak MiB (largest) | anonymous (largest) |",
-             "|---|---:|---:|---|---|---:|---:|---:|---:|"]
+             "| corpus | MB | distinct words | stage | tool | proc | seconds | peak MiB (largest) | anonymous (largest) | CPU |",
+             "|---|---:|---:|---|---|---:|---:|---:|---:|---|"]
     for r in sorted(record["rows"], key=lambda r: (r["bytes"], r["stage"] != "vocabulary", r["tool"], r["num_proc"])):
         words = r.get("word_types") or r.get("distinct_words")
         anon = (f"{r['anon_peak_mib']:,.0f} ({r['worker_anon_peak_mib']:,.0f})" if "anon_peak_mib" in r else "")
         lines.append(f"| {r['corpus']} | {r['bytes'] / 1e6:,.0f} | {f'{words:,}' if words else ''} | {r['stage']} | "
                      f"{r['tool']} | {r['num_proc']} | {r['seconds']:.1f} | {r['peak_mib']:,.0f} "
-                     f"({r['worker_peak_mib']:,.0f}) | {anon} |")
+                     f"({r['worker_peak_mib']:,.0f}) | {anon} | {r.get('cpu')} ({' '.join(r.get('cpu_flags') or [])}) |")
     lines += ["", "Summary: " + json.dumps(record.get("summary", {}))]
     return "\n".join(lines) + "\n"
 
@@ -235,18 +250,23 @@ def summarise(rows: list[dict]) -> dict:
         return next((r for r in rows if (r["corpus"], r["stage"], r["tool"], r["num_proc"]) == (corpus, stage, tool, p)),
                     None)
 
-    synthetic = sorted({r["corpus"] for r in rows if r["corpus"].startswith("zipf")},
-                       key=lambda c: next(r["bytes"] for r in rows if r["corpus"] == c))
+    def by_size(family):
+        return sorted({r["corpus"] for r in rows if r["corpus"].startswith(family)},
+                      key=lambda c: next(r["bytes"] for r in rows if r["corpus"] == c))
+
+    synthetic = by_size("zipf")
     summary: dict = {}
+    for corpus in [*by_size("zipf"), *by_size("letters")]:  # the vocabulary against tokenizers', at every size
+        for p in sorted({r["num_proc"] for r in rows}):
+            ours, theirs = row(corpus, "vocabulary", "bert_suite", p), row(corpus, "vocabulary", "tokenizers", p)
+            if ours and theirs and ours.get("cpu") == theirs.get("cpu"):
+                summary[f"vocabulary_{corpus}_np{p}"] = {
+                    "time_ratio_ours_over_tokenizers": round(ours["seconds"] / theirs["seconds"], 3),
+                    "memory_ratio_ours_over_tokenizers": round(ours["peak_mib"] / theirs["peak_mib"], 3)}
     if not synthetic:
         return summary
     small, large = synthetic[0], synthetic[-1]
     for p in sorted({r["num_proc"] for r in rows}):
-        ours, theirs = row(large, "vocabulary", "bert_suite", p), row(large, "vocabulary", "tokenizers", p)
-        if ours and theirs:
-            summary[f"vocabulary_{large}_np{p}"] = {
-                "time_ratio_ours_over_tokenizers": round(ours["seconds"] / theirs["seconds"], 3),
-                "memory_ratio_ours_over_tokenizers": round(ours["peak_mib"] / theirs["peak_mib"], 3)}
         a, b = row(small, "instances", "bert_suite", p), row(large, "instances", "bert_suite", p)
         if a and b and a is not b:
             summary[f"instances_np{p}"] = {
@@ -270,20 +290,20 @@ def plot(rows: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
-    series = sorted({(r["stage"], r["tool"], r["num_proc"]) for r in rows})
-    for stage, tool, p in series:
+    series = sorted({(r["stage"], r["tool"], r["num_proc"], r["corpus"].split("_")[0]) for r in rows
+                     if r["corpus"] != "real"})
+    for stage, tool, p, family in series:
         points = sorted((r["bytes"] / 1e6, r["seconds"], r["peak_mib"]) for r in rows
-                        if (r["stage"], r["tool"], r["num_proc"]) == (stage, tool, p) and r["corpus"].startswith("zipf"))
-        if not points:
-            continue
-        label = f"{stage}: {tool}, {p} proc"
+                        if (r["stage"], r["tool"], r["num_proc"]) == (stage, tool, p) and r["corpus"].startswith(family))
+        label = f"{stage}: {tool}, {p} proc" + (" (letters)" if family == "letters" else "")
         style = "-" if tool == "bert_suite" else "--"
-        left.plot([x for x, _, _ in points], [t for _, t, _ in points], style, marker="o", label=label)
-        right.plot([x for x, _, _ in points], [m / 1024 for _, _, m in points], style, marker="o", label=label)
+        marker = "o" if family == "zipf" else "s"
+        left.plot([x for x, _, _ in points], [t for _, t, _ in points], style, marker=marker, label=label)
+        right.plot([x for x, _, _ in points], [m / 1024 for _, _, m in points], style, marker=marker, label=label)
     for axis, title, unit in ((left, "wall time", "seconds"), (right, "peak memory (PSS, process tree)", "GiB")):
         axis.set_xscale("log")
         axis.set_yscale("log")
-        axis.set_xlabel("corpus (MB, synthetic Zipf text)")
+        axis.set_xlabel("corpus (MB, synthetic: Zipf text, o; letters, s)")
         axis.set_ylabel(unit)
         axis.set_title(title)
         axis.grid(True, which="both", alpha=0.3)

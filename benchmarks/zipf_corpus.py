@@ -8,7 +8,13 @@ scrambled k in base 100), short for frequent words. Documents are 5-40 sentences
 one sentence per line, a blank line between documents (the reference format, `--format lines`),
 first word capitalised, a comma now and then, a full stop at the end. Deterministic for a seed.
 
-    python benchmarks/zipf_corpus.py OUT.txt --mb 100 [--seed 0]
+    python benchmarks/zipf_corpus.py OUT.txt --mb 100 [--seed 0] [--letters]
+
+With --letters, a corpus with little subword structure (`write_letters_corpus`): names, identifiers, code,
+transliterated and agglutinative text look more like it than English prose does. Word ranks follow Zipf
+(exponent 1.1 over 8M word types); each type is 2 to 10 letters drawn independently by their frequency in
+English, so no piece recurs across words the way English stems and suffixes do (1.1M distinct words at
+100 MB); 15 words a line, a blank line every 40 lines.
 """
 
 from __future__ import annotations
@@ -67,13 +73,54 @@ def write_zipf_corpus(path: str | Path, size_bytes: int, seed: int = 0) -> dict:
     return {"bytes": written, "words": words, "distinct_words": len(spelt)}
 
 
+LETTER_FREQUENCY = {  # English, percent
+    "a": 8.2, "b": 1.5, "c": 2.8, "d": 4.3, "e": 12.7, "f": 2.2, "g": 2.0, "h": 6.1, "i": 7.0, "j": 0.15, "k": 0.77,
+    "l": 4.0, "m": 2.4, "n": 6.7, "o": 7.5, "p": 1.9, "q": 0.095, "r": 6.0, "s": 6.3, "t": 9.1, "u": 2.8, "v": 0.98,
+    "w": 2.4, "x": 0.15, "y": 2.0, "z": 0.074}
+
+
+def write_letters_corpus(path: str | Path, size_bytes: int, seed: int = 0, types: int = 8_000_000,
+                         exponent: float = 1.1) -> dict:
+    """Write about `size_bytes` of low-structure text to `path` (see the module's docstring); returns
+    {"bytes", "words", "distinct_words"}. Deterministic for a seed."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(2, 11, size=types)
+    ends = np.cumsum(lengths)
+    p = np.array(list(LETTER_FREQUENCY.values()))
+    letters = np.array(list(LETTER_FREQUENCY))[rng.choice(26, size=int(ends[-1]), p=p / p.sum())]
+    spelling = "".join(letters.tolist())  # type k is spelling[ends[k] - lengths[k]: ends[k]]
+    del letters
+    cdf = np.cumsum(np.arange(1, types + 1, dtype=np.float64) ** -exponent)
+    cdf /= cdf[-1]
+    spelt: dict[int, str] = {}
+    written = words = 0
+    with open(path, "w", encoding="utf-8", newline="\n") as f:
+        while written < size_bytes:
+            ranks = np.minimum(np.searchsorted(cdf, rng.random(200_000)), types - 1).tolist()
+            table = []
+            for k in ranks:
+                word = spelt.get(k)
+                if word is None:
+                    word = spelt[k] = spelling[int(ends[k] - lengths[k]): int(ends[k])]
+                table.append(word)
+            lines = [" ".join(table[i: i + 15]) + " ." for i in range(0, len(table), 15)]
+            chunks = [lines[i: i + 40] for i in range(0, len(lines), 40)]
+            text = "".join("\n".join(chunk) + "\n\n" for chunk in chunks)
+            f.write(text)
+            written += len(text.encode())
+            words += len(table)
+    return {"bytes": written, "words": words, "distinct_words": len(set(spelt.values()))}
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("output", type=Path)
     p.add_argument("--mb", type=float, required=True, help="size in MB (10^6 bytes)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--letters", action="store_true", help="low-structure text: letters drawn independently")
     args = p.parse_args(argv)
-    print(write_zipf_corpus(args.output, int(args.mb * 1e6), args.seed))
+    write = write_letters_corpus if args.letters else write_zipf_corpus
+    print(write(args.output, int(args.mb * 1e6), args.seed))
 
 
 if __name__ == "__main__":

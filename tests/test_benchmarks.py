@@ -172,6 +172,22 @@ def test_zipf_corpus_is_deterministic_nested_and_grows_its_vocabulary_as_heaps_l
     assert "\n\n" in text and text.split("\n", 1)[0].endswith(".")  # documents of sentences, the lines format
 
 
+def test_the_letters_corpus_is_deterministic_nested_and_spelt_by_english_letter_frequency(tmp_path):
+    """The low-structure corpus: words of letters drawn independently, so no stem or suffix recurs."""
+    from collections import Counter
+
+    import zipf_corpus
+
+    small = zipf_corpus.write_letters_corpus(tmp_path / "a.txt", 300_000, seed=0, types=200_000)
+    again = zipf_corpus.write_letters_corpus(tmp_path / "b.txt", 300_000, seed=0, types=200_000)
+    large = zipf_corpus.write_letters_corpus(tmp_path / "c.txt", 2_000_000, seed=0, types=200_000)
+    assert (tmp_path / "a.txt").read_bytes() == (tmp_path / "b.txt").read_bytes() and small == again
+    assert (tmp_path / "c.txt").read_bytes().startswith((tmp_path / "a.txt").read_bytes())
+    assert large["distinct_words"] > 1.4 * small["distinct_words"]  # a long tail of new words
+    letters = Counter(c for c in (tmp_path / "c.txt").read_text() if c.isalpha())
+    assert [c for c, _ in letters.most_common(3)] == ["e", "t", "a"]  # English's most frequent letters
+
+
 def test_pipeline_scale_summary_checks_the_goals_from_the_rows():
     import pipeline_scale
 
