@@ -245,7 +245,7 @@ def naive_wordpieces(word_counts: dict[str, int], vocab_size: int, min_frequency
     while len(vocab) < vocab_size:
         pairs = Counter()
         for w, count in word_counts.items():
-            for pair in zip(words[w], words[w][1:]):
+            for pair in zip(words[w], words[w][1:], strict=False):
                 pairs[pair] += count
         if not pairs:
             break
