@@ -173,3 +173,26 @@ def test_training_keeps_freed_memory_unless_told_not_to():
     default = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=120,
                              env={"BERT_SUITE_ALLOCATOR": "default", "PATH": "/usr/bin:/bin"})
     assert json.loads(default.stdout)[0] == {"allocator": "default", "reason": "BERT_SUITE_ALLOCATOR=default"}
+
+
+def test_a_script_without_a_main_guard_is_forked_with_a_warning_not_left_hanging(tmp_path):
+    """A fork server's workers import the main script: one without `if __name__ == "__main__":` would run
+    again in each of them. Such a script gets forked workers and a warning that says what to change."""
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("".join(f"word{i % 97} other{i % 13} .\n" for i in range(3000)))
+    script = tmp_path / "unguarded.py"
+    script.write_text(textwrap.dedent(f"""
+        import json
+        from pathlib import Path
+        import torch
+        torch.set_num_threads(2)
+        torch.mm(torch.randn(128, 128), torch.randn(128, 128))
+        from bert_suite.pretraining.tokenizer import count_words
+        words, _ = count_words([Path({str(corpus)!r})], True, 2, task_bytes=4096)
+        print(json.dumps(len(words)))
+        """))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=180,
+                          env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == 97 + 13 + 1  # the words and the full stop
+    assert "has no `if __name__ == \"__main__\":` guard" in done.stderr

@@ -13,6 +13,7 @@ corpus and flags give the same files, byte for byte. Normalisation and pre-token
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import json
 import os
@@ -175,15 +176,16 @@ def count_words(paths: list[Path], lowercase: bool, num_proc: int = 1, max_word_
     total: Counter = Counter()
     report = {"tasks": len(tasks), "occurrences": 0, "max_word_types": max_word_types, "dropped_word_types": 0,
               "dropped_occurrences": 0, "dropped_max_count": 0, "pruned": 0}
-    bar = tqdm(total=sum(end - start for _, _, start, end in tasks), unit="B", unit_scale=True,
-               desc="counting words", mininterval=1)
-    for (_, _, start, end), counts in zip(tasks, _run_tasks(tasks, lowercase, num_proc, dask_client), strict=True):
-        total.update(counts)
-        report["occurrences"] += sum(counts.values())
-        bar.update(end - start)
-        if max_word_types and len(total) > 2 * max_word_types:
-            _prune(total, max_word_types, report)
-    bar.close()
+    with _counts(tasks, lowercase, num_proc, dask_client) as counted:
+        bar = tqdm(total=sum(end - start for _, _, start, end in tasks), unit="B", unit_scale=True,
+                   desc="counting words", mininterval=1)
+        for (_, _, start, end), counts in zip(tasks, counted, strict=True):
+            total.update(counts)
+            report["occurrences"] += sum(counts.values())
+            bar.update(end - start)
+            if max_word_types and len(total) > 2 * max_word_types:
+                _prune(total, max_word_types, report)
+        bar.close()
     if max_word_types and len(total) > max_word_types:
         _prune(total, max_word_types, report)
     report["dropped_share"] = report["dropped_occurrences"] / max(report["occurrences"], 1)
@@ -201,22 +203,22 @@ def _prune(table: Counter, keep: int, report: dict) -> None:
     report["pruned"] += 1
 
 
-def _run_tasks(tasks, lowercase: bool, num_proc: int, dask_client):
-    """The counts of each task, in task order."""
+@contextlib.contextmanager
+def _counts(tasks, lowercase: bool, num_proc: int, dask_client):
+    """The counts of each task, in task order (an iterator). The pool starts first: the progress bar starts a
+    thread, and a pool started after it would come from a fork server (pools.py), not a fork."""
     if dask_client is not None:
-        yield from run_in_order(dask_client, count_task, *zip(*tasks, strict=True), [lowercase] * len(tasks))
+        yield run_in_order(dask_client, count_task, *zip(*tasks, strict=True), [lowercase] * len(tasks))
         return
     if num_proc <= 1 or len(tasks) == 1:
-        for task in tasks:
-            yield count_task(*task, lowercase)
+        yield (count_task(*task, lowercase) for task in tasks)
         return
     import multiprocessing
 
     from .pools import start_method
 
-    # fork from a process of one thread (a worker starts at once), else a fork server (pools.py says why)
     with multiprocessing.get_context(start_method()).Pool(min(num_proc, len(tasks))) as pool:
-        yield from pool.imap(_count_packed, [(*task, lowercase) for task in tasks])
+        yield pool.imap(_count_packed, [(*task, lowercase) for task in tasks])
 
 
 def _count_packed(args) -> Counter:
