@@ -250,39 +250,46 @@ def learn_wordpieces(word_counts: dict[str, int], vocab_size: int, min_frequency
     `word_counts` once read (its memory is free for the merges)."""
     import numpy as np  # here: the module is imported by every data command, numpy by this step alone
 
-    ordered = sorted(word_counts.items())
+    if not word_counts:
+        return list(specials)
+    # Every word's characters in one array, a node per character: its symbol id, the next and previous node of its
+    # word (-1 at the ends; a merge unlinks the right node), and its word's count. The words' order does not
+    # matter (a merge joins every occurrence; ties go by text). int32 where it fits: memory is the limit at scale.
+    text = "".join(word_counts)
+    lengths = np.fromiter(map(len, word_counts), dtype=np.int64, count=len(word_counts))
+    counts = np.fromiter(word_counts.values(), dtype=np.int64, count=len(word_counts))
     if clear_input:
         word_counts.clear()
-    if not ordered:
-        return list(specials)
-    # Every word's characters in one array (code points), a node per character: its symbol id, the next and
-    # previous node of its word (-1 at the ends; a merge unlinks the right node), and its word's count.
-    text = "".join(word for word, _ in ordered)
-    points = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32).astype(np.int64)
-    lengths = np.fromiter((len(word) for word, _ in ordered), dtype=np.int64, count=len(ordered))
-    weight = np.repeat(np.fromiter((count for _, count in ordered), dtype=np.int64, count=len(ordered)), lengths)
-    del ordered, text
-    first = np.zeros(len(points), dtype=bool)
+    n = len(text)
+    if n >= 2**31 - 1:
+        raise ValueError(f"{n:,} characters in the distinct words: more than this trainer holds; cap the word "
+                         "table (--max_word_types)")
+    weight = np.repeat(counts.astype(np.uint32 if counts.max() < 2**32 else np.int64), lengths)
+    first = np.zeros(n, dtype=bool)
     first[np.cumsum(lengths) - lengths] = True
-    kinds, sym = np.unique(points * 2 + ~first, return_inverse=True)  # a word's first character or a ##piece
-    sym = sym.astype(np.int64)
+    del lengths, counts
+    # a symbol: a code point (under 2^21) and whether it starts a word (bit 21 clear) or continues it (##)
+    points = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
+    del text
+    kinds, sym = np.unique(points | (~first).astype(np.uint32) << 21, return_inverse=True)
+    sym = sym.astype(np.int32)
     del points
-    names = [chr(k >> 1) if k % 2 == 0 else PREFIX + chr(k >> 1) for k in kinds.tolist()]
+    names = [chr(k & 0x1FFFFF) if k < 1 << 21 else PREFIX + chr(k & 0x1FFFFF) for k in kinds.tolist()]
     id_of = {name: i for i, name in enumerate(names)}
     alphabet = np.bincount(sym, weights=weight, minlength=len(names))
     vocab = [*specials, *sorted((s for s in names if s not in specials), key=lambda s: (-alphabet[id_of[s]], s))]
     known = set(vocab)
-    n = len(sym)
-    nxt = np.arange(1, n + 1, dtype=np.int64)
+    nxt = np.arange(1, n + 1, dtype=np.int32)
     nxt[np.flatnonzero(first[1:])] = -1
     nxt[-1] = -1
-    prv = np.arange(-1, n - 1, dtype=np.int64)
+    prv = np.arange(-1, n - 1, dtype=np.int32)
     prv[first] = -1
     del first
     # pair key -> count, and -> the nodes where it starts (arrays, appended to; stale entries are skipped)
-    starts = np.flatnonzero(nxt >= 0)
+    starts = np.flatnonzero(nxt >= 0).astype(np.int32)
     pair_counts, where = {}, {}
-    _add_pairs(starts, sym[starts] * _KEY + sym[starts + 1], weight, pair_counts, where)
+    _add_pairs(starts, _pair_keys(sym, nxt, starts), weight, pair_counts, where)
+    del starts
     heap = [(-c, names[k // _KEY], names[k % _KEY], k) for k, c in pair_counts.items() if c >= min_frequency]
     heapq.heapify(heap)
     with tqdm(total=max(0, vocab_size - len(vocab)), desc="learning wordpieces", unit="piece", mininterval=1) as bar:
@@ -319,7 +326,7 @@ def learn_wordpieces(word_counts: dict[str, int], vocab_size: int, min_frequency
             left = prv[nodes]
             # the pairs around each join go (those that start at its left neighbour and at its right half) ...
             gone = np.unique(np.concatenate([left[left >= 0], right[beyond >= 0]]))
-            gone_keys = sym[gone] * _KEY + sym[nxt[gone]]
+            gone_keys = _pair_keys(sym, nxt, gone)
             # ... the join: the left node takes the piece, the right node leaves its word
             sym[nodes] = ip
             sym[right] = -1
@@ -328,7 +335,7 @@ def learn_wordpieces(word_counts: dict[str, int], vocab_size: int, min_frequency
             # ... and the pairs around each new piece come
             left = prv[nodes]  # anew: a join's left neighbour may be the previous join's left half
             came = np.unique(np.concatenate([left[left >= 0], nodes[beyond >= 0]]))
-            came_keys = sym[came] * _KEY + sym[nxt[came]]
+            came_keys = _pair_keys(sym, nxt, came)
             pair_counts.pop(key, None)
             keep = gone_keys != key  # the joined pair itself is dropped whole
             grown = _add_pairs(came, came_keys, weight, pair_counts, where, gone[keep], gone_keys[keep])
@@ -337,6 +344,11 @@ def learn_wordpieces(word_counts: dict[str, int], vocab_size: int, min_frequency
                 if count >= min_frequency:
                     heapq.heappush(heap, (-count, names[k // _KEY], names[k % _KEY], k))
     return vocab
+
+
+def _pair_keys(sym, nxt, starts):
+    """The keys (int64) of the pairs that start at the nodes `starts`."""
+    return sym[starts].astype("int64") * _KEY + sym[nxt[starts]]
 
 
 def _add_pairs(starts, keys, weight, pair_counts, where, gone=None, gone_keys=None):
@@ -354,28 +366,31 @@ def _add_pairs(starts, keys, weight, pair_counts, where, gone=None, gone_keys=No
                 deltas[k] = deltas.get(k, 0) - w
         _apply(deltas.items(), pair_counts, where)
         for k, at in added.items():
-            where.setdefault(k, []).append(np.array(at, dtype=np.int64))
+            where.setdefault(k, []).append(np.array(at, dtype=np.int32))
         return list(added)
+    # one sort per side (the first call holds every pair of the corpus: memory counts), sums by run of equal keys
+    order, added, bounds, sums = _runs(np, keys, weight[starts])
+    deltas = dict(zip(added, sums, strict=True))
     if gone is not None and len(gone):
-        all_keys = np.concatenate([keys, gone_keys])
-        weights = np.concatenate([weight[starts], -weight[gone]])
-    else:
-        all_keys, weights = keys, weight[starts]
-    distinct, inverse = np.unique(all_keys, return_inverse=True)
-    deltas = np.bincount(inverse, weights=weights.astype(np.float64), minlength=len(distinct))
-    _apply(zip(distinct.tolist(), (int(round(d)) for d in deltas.tolist()), strict=True), pair_counts, where)
-    if not len(keys):
-        return []
-    order = np.argsort(keys, kind="stable")
-    sorted_keys = keys[order]
-    bounds = np.flatnonzero(np.concatenate(([True], sorted_keys[1:] != sorted_keys[:-1], [True])))
-    added = sorted_keys[bounds[:-1]].tolist()
+        _, taken, _, lost = _runs(np, gone_keys, weight[gone])
+        for k, d in zip(taken, lost, strict=True):
+            deltas[k] = deltas.get(k, 0) - d
+    _apply(((k, int(round(d))) for k, d in deltas.items()), pair_counts, where)
     positions = starts[order]
-    for k, lo, hi in zip(added, bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
+    for k, lo, hi in zip(added, bounds, [*bounds[1:], len(positions)], strict=True):
         where.setdefault(k, []).append(positions[lo:hi])
     return added
 
 
+def _runs(np, keys, weights):
+    """(the order that sorts `keys`, the distinct keys, where each one's run starts, the weights' sum per run)."""
+    if not len(keys):
+        return np.zeros(0, dtype=np.int64), [], [], []
+    order = np.argsort(keys, kind="stable")
+    ordered = keys[order]
+    bounds = np.flatnonzero(np.concatenate(([True], ordered[1:] != ordered[:-1])))
+    sums = np.add.reduceat(weights[order].astype(np.float64), bounds)
+    return order, ordered[bounds].tolist(), bounds.tolist(), sums.tolist()
 
 
 def _apply(deltas, pair_counts, where) -> None:
