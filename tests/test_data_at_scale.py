@@ -18,7 +18,7 @@ import pytest
 from datasets import load_from_disk
 
 from bert_suite.pretraining.instances import load_parts
-from bert_suite.pretraining.tokenizer import REPORT_FILE, count_words, learn_wordpieces, train_tokenizer
+from bert_suite.pretraining.tokenizer import REPORT_FILE, count_words, train_tokenizer
 from bert_suite.tokenization import SPECIAL_TOKENS
 
 TOKENIZER_FILES = ["tokenizer.json", "tokenizer_config.json", REPORT_FILE, "vocab.txt"]
@@ -125,49 +125,6 @@ def test_the_word_table_cap_keeps_the_most_frequent_words_and_reports_what_it_dr
     with pytest.raises(ValueError, match="max_word_types 200 is below vocab_size 300"):
         train_tokenizer([str(corpus)], 300, True, str(tmp_path / "refused"), max_word_types=200)
     assert not (tmp_path / "refused").exists()
-
-
-def test_the_merges_touch_only_the_words_a_pair_occurs_in():
-    """The incremental merge must equal the naive algorithm (recount every pair after every merge)."""
-
-    def naive(word_counts, vocab_size, min_frequency):
-        words = {w: [w[0], *("##" + c for c in w[1:])] for w in word_counts}
-        alphabet = Counter()
-        for w, symbols in words.items():
-            for s in symbols:
-                alphabet[s] += word_counts[w]
-        vocab = ["[PAD]", *sorted(alphabet, key=lambda s: (-alphabet[s], s))]
-        while len(vocab) < vocab_size:
-            pairs = Counter()
-            for w, symbols in words.items():
-                for pair in zip(symbols, symbols[1:], strict=False):
-                    pairs[pair] += word_counts[w]
-            if not pairs:
-                break
-            (a, b), count = min(pairs.items(), key=lambda item: (-item[1], item[0]))
-            if count < min_frequency:
-                break
-            piece = a + b[2:]
-            if piece not in vocab:
-                vocab.append(piece)
-            for w, symbols in words.items():
-                out, i = [], 0
-                while i < len(symbols):
-                    if i + 1 < len(symbols) and symbols[i] == a and symbols[i + 1] == b:
-                        out.append(piece)
-                        i += 2
-                    else:
-                        out.append(symbols[i])
-                        i += 1
-                words[w] = out
-        return vocab
-
-    rng = random.Random(0)
-    for trial in range(6):
-        letters = "ab" if trial < 2 else "abcde"  # two letters: long runs of the same pair overlapping
-        counts = {"".join(rng.choices(letters, k=rng.randint(1, 9))): rng.randint(1, 6) for _ in range(150)}
-        for min_frequency in (1, 3):
-            assert learn_wordpieces(counts, 120, min_frequency, ("[PAD]",)) == naive(counts, 120, min_frequency)
 
 
 def needs_dask() -> None:
