@@ -145,6 +145,11 @@ def test_a_run_killed_in_pretraining_and_in_fine_tuning_resumes_to_the_same_reco
     assert third.returncode == 0, third.stderr[-3000:]
     record = json.loads((whole / "ablation.json").read_text())
     assert without_timing(json.loads((killed / "ablation.json").read_text()), killed) == without_timing(record, whole)
+    # the killed launch's time counts beside the resumed one's
+    timing = json.loads((killed / "pretraining" / "pre" / "timing.json").read_text())
+    assert len(timing) == 2 and all(entry["seconds"] > 0 and "finished" in entry for entry in timing)
+    minutes = json.loads((killed / "ablation.json").read_text())["pretraining"]["pre"]["minutes"]
+    assert minutes == pytest.approx(sum(entry["seconds"] for entry in timing) / 60, abs=0.006)  # rounded to 0.01
     # the task is learnable: the pre-trained tiny model beats chance (50%) on the dev set
     scores = record["tasks"]["rte"]["models"]["pre"]["scores"]
     report("ablation: RTE-like dev accuracy of the 6-step model (seeds 1, 2)", scores)
@@ -309,6 +314,31 @@ def test_along_the_curve_the_first_variant_is_ahead_from_the_step_it_stays_ahead
     assert per_task[label]["rte"]["verdict"] == "ahead"
     assert along[label]["rte"]["ahead_from"] == 6
     assert [p["verdict"] for p in along[label]["rte"]["points"]] == ["level", "ahead", "ahead"]
+
+
+def test_a_launch_counts_its_time_while_it_runs_so_a_killed_session_keeps_it(tmp_path, monkeypatch):
+    import threading
+    import time
+
+    from bert_suite import ablation
+
+    real = subprocess.Popen
+    monkeypatch.setattr(ablation, "TIMING_EVERY", 0.05)
+    monkeypatch.setattr(ablation, "_cuda", lambda: False)
+    monkeypatch.setattr(ablation.subprocess, "Popen",  # the recipe: 0.8 s of work
+                        lambda cmd, **kw: real([sys.executable, "-c", "import time; time.sleep(0.8)"], **kw))
+    timing = tmp_path / "timing.json"
+    timing.write_text(json.dumps([{"seconds": 60.0, "started": "earlier", "finished": "earlier"}]))
+    thread = threading.Thread(target=ablation.launch, args=([], tmp_path / "log.txt", timing))
+    thread.start()
+    time.sleep(0.5)
+    running = json.loads(timing.read_text())  # what a kill of this process now would leave
+    thread.join()
+    assert len(running) == 2 and running[0]["seconds"] == 60.0
+    assert 0.2 < running[1]["seconds"] < 0.8 and "finished" not in running[1]
+    done = json.loads(timing.read_text())
+    assert len(done) == 2 and done[1]["seconds"] >= 0.8 and "finished" in done[1]
+    assert ablation.minutes_of(tmp_path) == pytest.approx((60 + done[1]["seconds"]) / 60)
 
 
 def test_the_recipes_snapshot_steps_read_as_a_list_from_yaml_or_the_command_line():

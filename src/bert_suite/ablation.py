@@ -44,6 +44,7 @@ from .io import atomic_write_text, save_figure
 
 STAGES = ("squad-small", "corpus", "vocabulary", "instances", "pretraining", "compare", "record")
 NGRAM = 8  # decontamination: a sentence sharing this many consecutive words with evaluation text goes
+TIMING_EVERY = 30  # seconds between updates of a running pre-training's entry in timing.json
 CALIBRATION_STEPS = 40  # pretraining.minutes: steps of each variant's calibration run
 BUDGET_SHARE = 0.85  # pretraining.minutes: the share of the budget planned for steps (the rest: evaluations, saving)
 SECTIONS = {  # key -> its keys (None: free text; pretraining also takes the recipe's keys)
@@ -621,9 +622,11 @@ def recipe_overrides(study: Study, variant: Variant, data: dict[int, Path], voca
     return [f"{k}={v}" for k, v in values.items()]
 
 
-def launch(overrides: list[str], log: Path) -> float:
+def launch(overrides: list[str], log: Path, timing: Path | None = None) -> float:
     """`accelerate launch recipes/pretrain.py` with its output in `log`; returns its wall seconds. A failure is
-    an error naming the log, after its last lines."""
+    an error naming the log, after its last lines. `timing` (a list of {seconds, started, finished}) gets this
+    launch's entry at once and its seconds every TIMING_EVERY while it runs, so a run killed with its caller
+    (the end of a session) still counts the time it spent."""
     recipe = Path(__file__).resolve().parents[2] / "recipes" / "pretrain.py"
     if not recipe.is_file():
         raise AblationError(f"{recipe}: the pre-training recipe is not here; run from a clone of the repository "
@@ -634,10 +637,33 @@ def launch(overrides: list[str], log: Path) -> float:
     log.parent.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1"), "TOKENIZERS_PARALLELISM": "false"}
     started = time.time()
+    earlier = json.loads(timing.read_text()) if timing is not None and timing.is_file() else []
+    entry = {"seconds": 0.0, "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+
+    def record(done: bool) -> None:
+        if timing is not None:
+            entry["seconds"] = time.time() - started
+            if done:
+                entry["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
+            timing.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_text(timing, json.dumps([*earlier, entry], indent=2))
+
     with open(log, "a") as handle:
         handle.write(f"$ {shlex.join(cmd)}\n")
         handle.flush()
-        code = subprocess.run(cmd, stdout=handle, stderr=subprocess.STDOUT, env=env).returncode
+        child = subprocess.Popen(cmd, stdout=handle, stderr=subprocess.STDOUT, env=env)
+        try:
+            while True:
+                record(False)
+                try:
+                    code = child.wait(timeout=TIMING_EVERY)
+                    break
+                except subprocess.TimeoutExpired:
+                    pass
+        finally:
+            if child.poll() is None:  # this process is being stopped: so is its recipe
+                child.terminate()
+            record(True)
     if code:
         tail = log.read_text(errors="replace").splitlines()[-15:]
         print("\n".join(tail), file=sys.stderr)
@@ -711,6 +737,8 @@ def config_value(overrides: list[str], key: str):
 def pretrain(study: Study, out: Path, data: dict[int, Path], vocab: Path, steps: int, only: list[str] | None,
              progress: Progress) -> dict[str, Path]:
     """Run (or resume) the recipe for each pre-trained variant (`only`: these), one after another."""
+    from .pretraining.checkpoints import complete_checkpoints
+
     runs = {name: out / "pretraining" / name for name in study.pretrained}
     todo = [n for n in (only or study.pretrained)]
     pace = []  # seconds per step of the runs finished in this process
@@ -725,12 +753,10 @@ def pretrain(study: Study, out: Path, data: dict[int, Path], vocab: Path, steps:
             remaining = (len(todo) - number) * steps
             progress.stage("pretraining", f"{name} ({number + 1} of {len(todo)}: {', '.join(todo[number:])} to go; "
                            f"{steps:,} steps each); " + progress.left(pace[-1] * remaining if pace else None))
-            seconds = launch(overrides, out / "logs" / f"pretraining-{name}.log")
-            timing = run / "timing.json"
-            atomic_write_text(timing, json.dumps([*(json.loads(timing.read_text()) if timing.is_file() else []),
-                                                  {"seconds": seconds, "finished": time.strftime("%Y-%m-%d %H:%M:%S")}],
-                                                 indent=2))
-            pace.append(seconds / steps)
+            found = complete_checkpoints(run / "checkpoints")
+            first = int(found[-1].name.split("-")[1]) if found else 0  # where the recipe resumes
+            seconds = launch(overrides, out / "logs" / f"pretraining-{name}.log", run / "timing.json")
+            pace.append(seconds / max(steps - first, 1))
         progress.stage("pretraining", f"{name} done ({steps:,} steps, {minutes_of(run):.1f} minutes)")
     return runs
 
