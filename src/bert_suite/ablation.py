@@ -653,13 +653,11 @@ def launch(overrides: list[str], log: Path, timing: Path | None = None) -> float
         handle.flush()
         child = subprocess.Popen(cmd, stdout=handle, stderr=subprocess.STDOUT, env=env)
         try:
-            while True:
+            while child.poll() is None:
                 record(False)
-                try:
-                    code = child.wait(timeout=TIMING_EVERY)
-                    break
-                except subprocess.TimeoutExpired:
-                    pass
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    child.wait(timeout=TIMING_EVERY)
+            code = child.returncode
         finally:
             if child.poll() is None:  # this process is being stopped: so is its recipe
                 child.terminate()
