@@ -314,6 +314,10 @@ def test_along_the_curve_the_first_variant_is_ahead_from_the_step_it_stays_ahead
     assert per_task[label]["rte"]["verdict"] == "ahead"
     assert along[label]["rte"]["ahead_from"] == 6
     assert [p["verdict"] for p in along[label]["rte"]["points"]] == ["level", "ahead", "ahead"]
+    # the tasks in the curve's order, whatever the hash seed: the record is the same bytes on every rerun
+    keys = [f"task{i}" for i in range(12)][::-1]
+    curve = {name: {key: by_task["rte"] for key in keys} for name, by_task in curve.items()}
+    assert list(contrasts_of(study, record, curve)[1][label]) == keys
 
 
 def test_a_launch_counts_its_time_while_it_runs_so_a_killed_session_keeps_it(tmp_path, monkeypatch):
