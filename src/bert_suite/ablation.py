@@ -965,9 +965,10 @@ def contrasts_of(study: Study, result: dict, curve: dict) -> tuple[dict, dict]:
         per_task[c["label"]] = {key: paired_comparison(entry["models"][c["first"]]["scores"],
                                                        entry["models"][c["second"]]["scores"])
                                 for key, entry in result["tasks"].items()}
-        for key in [k for k in curve.get(c["first"], {}) if k in curve.get(c["second"], {})]:  # the curve's order
+        first, second = curve.get(c["first"], {}), curve.get(c["second"], {})
+        for key in [k for k in first if k in second]:  # the curve's order, so a rerun writes the same bytes
             points = [{"step": a["step"], **paired_comparison(a["scores"], b["scores"])}
-                      for a, b in zip(curve[c["first"]][key], curve[c["second"]][key], strict=True)]
+                      for a, b in zip(first[key], second[key], strict=True)]
             ahead = [p["step"] for i, p in enumerate(points) if all(q["verdict"] == "ahead" for q in points[i:])]
             along.setdefault(c["label"], {})[key] = {"ahead_from": ahead[0] if ahead else None, "points": points}
     return per_task, along
