@@ -68,7 +68,9 @@ class BertSuiteConfig(PreTrainedConfig):
         unpad_inputs: run the dense layers on the real tokens only when a batch is padded (the
             attention itself still sees the padded layout, so every real position's output is
             the same); outputs at padding positions are then zeros instead of stock BERT's
-            values computed from the padding tokens. False: the stock computation everywhere.
+            values computed from the padding tokens. False: the stock computation everywhere. It
+            applies on the CPU: deciding reads the mask's values, a host sync on an accelerator,
+            where the model reads none unless `forward(unpad=True)` asks.
         bilstm: a randomly initialised one-layer BiLSTM between the encoder and every head,
             added at fine-tuning (the paper's "+ BiLSTM" row of Table 5); stock BERT has none.
     """

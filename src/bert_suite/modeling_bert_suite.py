@@ -147,7 +147,9 @@ class Unpadded(NamedTuple):
 def attention_bias(attention_mask, seq_len, causal, dtype, device):
     """Additive attention bias (batch, 1, query, key) from a (batch, key) 0/1 mask, or None when
     nothing is masked so that SDPA can pick its fastest kernel. A large negative number rather
-    than -inf keeps a fully padded row finite, as stock BERT does."""
+    than -inf keeps a fully padded row finite, as stock BERT does. `causal` adds the future
+    positions' term; the model asks for it only with a padding mask (without one, the attention
+    passes SDPA's `is_causal` instead of a bias)."""
     bias = None
     if attention_mask is not None:
         if attention_mask.dim() == 2:
@@ -188,14 +190,18 @@ class BertSuiteSelfAttention(nn.Module):
             for proj in (self.query, self.key, self.value)
         )
         dropout_p = self.dropout_p if self.training else 0.0
+        # A causal model without a padding mask gets no bias: SDPA's is_causal (flash / cuDNN kernels)
+        causal = bias is None and self.config.causal_attention
         probs = None
         # "eager", or probabilities asked for (SDPA does not expose them): softmax(QK^T/sqrt(d) + bias) V
         if output_attentions or self.config._attn_implementation == "eager":
+            if causal:
+                bias = attention_bias(None, seq_len, True, q.dtype, q.device)
             scores = q @ k.transpose(-1, -2) / self.head_dim**0.5
             probs = (scores if bias is None else scores + bias).softmax(-1)
             context = F.dropout(probs, dropout_p, self.training) @ v
-        else:
-            context = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p)
+        else:  # the dropout runs inside the attention kernel
+            context = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p, is_causal=causal)
         context = context.transpose(1, 2).reshape(batch, seq_len, width)
         return (context if layout is None else layout.unpad(context)), probs
 
@@ -353,9 +359,18 @@ class BertSuiteLMPredictionHead(nn.Module):
 
 
 class BertSuiteMLMHead(nn.Module):
+    """The masked-LM head with its loss in one module, so that a compiled step fuses the vocabulary
+    projection with its cross-entropy (`bert_suite.pretraining.step.compile_regions`)."""
+
     def __init__(self, config: BertSuiteConfig):
         super().__init__()
         self.predictions = BertSuiteLMPredictionHead(config)
+
+    def forward(self, sequence_output, labels=None, masked_positions_only=False, num_items_in_batch=None,
+                masked_positions=None):
+        """(logits, loss or None): see `masked_lm_logits_and_loss`."""
+        return masked_lm_logits_and_loss(self.predictions, sequence_output, labels, masked_positions_only,
+                                         num_items_in_batch, masked_positions)
 
 
 class BertSuiteNSPHead(nn.Module):
@@ -365,10 +380,25 @@ class BertSuiteNSPHead(nn.Module):
 
 
 class BertSuitePreTrainingHeads(BertSuiteMLMHead):
+    """MLM + NSP heads and the summed loss (NSP absent when `config.use_nsp` is False)."""
+
     def __init__(self, config: BertSuiteConfig):
         super().__init__(config)
         if config.use_nsp:
             self.seq_relationship = nn.Linear(config.hidden_size, 2)
+
+    def forward(self, sequence_output, pooled_output, labels=None, next_sentence_label=None,
+                masked_positions_only=False, num_items_in_batch=None, masked_positions=None):
+        """(MLM logits, NSP logits or None, loss or None)."""
+        logits, loss = super().forward(sequence_output, labels, masked_positions_only, num_items_in_batch,
+                                       masked_positions)
+        nsp_logits = scores_in_fp32(self.seq_relationship, pooled_output) if hasattr(self, "seq_relationship") \
+            else None
+        if loss is not None and nsp_logits is not None:
+            if next_sentence_label is None:
+                raise ValueError("labels were given without next_sentence_label; NSP needs both (or use_nsp=False)")
+            loss = loss + F.cross_entropy(nsp_logits.view(-1, 2), next_sentence_label.view(-1))
+        return logits, nsp_logits, loss
 
 
 def scores_in_fp32(layer: nn.Linear, hidden_states):
@@ -386,15 +416,32 @@ def scores_in_fp32(layer: nn.Linear, hidden_states):
         return layer(hidden_states.float())
 
 
-def masked_lm_logits_and_loss(head, sequence_output, labels, masked_positions_only=False, num_items_in_batch=None):
+def masked_lm_logits_and_loss(head, sequence_output, labels, masked_positions_only=False, num_items_in_batch=None,
+                              masked_positions=None):
     """MLM logits at every position (the stock contract) and the mean cross-entropy over the
     positions whose label is not -100. With `masked_positions_only` (and labels), the logits are
     computed for the labelled positions only, shape (n_labelled, vocab): the same loss for a
     fraction of the cost, since the vocabulary projection dominates small models' pre-training.
-    With `num_items_in_batch` (transformers' name), the summed cross-entropy is divided by it
-    instead of by this batch's count: a loss normalised over a whole accumulated, distributed batch."""
+    With `masked_positions` (batch, P), the original BERT's fixed number of predictions per sequence
+    (`max_predictions_per_seq`), the logits are those of the positions it names, shape (batch, P,
+    vocab), and `labels` are (batch, P) beside it, -100 in the unused entries: the same loss as
+    `masked_positions_only`, with shapes that do not depend on the mask (no host sync; one compiled
+    graph for every batch). With `num_items_in_batch` (transformers' name), the summed cross-entropy
+    is divided by it instead of by this batch's count: a loss normalised over a whole accumulated,
+    distributed batch."""
     reduction = "mean" if num_items_in_batch is None else "sum"
-    if masked_positions_only and labels is not None:
+    if masked_positions is not None:
+        if labels is not None and labels.shape != masked_positions.shape:
+            raise ValueError(f"labels {tuple(labels.shape)} and masked_positions {tuple(masked_positions.shape)}: "
+                             "with masked_positions, labels are the targets at those positions (the same shape)")
+        width = sequence_output.shape[-1]
+        chosen = sequence_output.gather(1, masked_positions[..., None].expand(-1, -1, width))  # (batch, P, width)
+        logits = head(chosen)
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100,
+                                   reduction=reduction)
+    elif masked_positions_only and labels is not None:
         chosen = labels != -100
         logits = head(sequence_output[chosen])
         loss = F.cross_entropy(logits, labels[chosen], reduction=reduction)
@@ -584,9 +631,11 @@ class BertSuiteModel(BertSuitePreTrainedModel):
         past_key_values=None,
         use_cache=None,
     ):
-        """`unpad` (default `config.unpad_inputs`): see `BertSuiteConfig`; it applies to padded
-        batches with a (batch, seq) attention mask, not when attentions are returned and not under
-        torch.compile / torch.export (no decision there may read the mask's values)."""
+        """`unpad` (default: `config.unpad_inputs` on the CPU, False on an accelerator): see
+        `BertSuiteConfig`; it applies to padded batches with a (batch, seq) attention mask, not when
+        attentions are returned and not under torch.compile / torch.export. It is also what lets the
+        model drop an all-ones mask. With `unpad` False the forward reads no tensor value: no host sync,
+        the same shapes for every batch of one size (what a compiled or graph-captured step needs)."""
         _refuse_decoder_inputs(encoder_hidden_states, encoder_attention_mask, past_key_values, use_cache)
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("pass exactly one of input_ids or inputs_embeds")
@@ -600,24 +649,30 @@ class BertSuiteModel(BertSuitePreTrainedModel):
                 f"sequence length {seq_len} exceeds max_position_embeddings "
                 f"({self.config.max_position_embeddings}); truncate the input"
             )
-        tracing = _tracing()
-        if not tracing and attention_mask is not None and attention_mask.dim() == 2 and bool(attention_mask.all()):
+        # Reading the mask's values picks a faster path, and costs nothing on the CPU; on an accelerator it
+        # is a host sync (the CPU waits for the device) and under compile a graph break. So the model reads
+        # them only where `unpad` allows it, by default on the CPU alone; elsewhere the data pipeline
+        # decides (no attention_mask for a batch without padding).
+        device = (input_ids if input_ids is not None else inputs_embeds).device
+        if unpad is None:
+            unpad = self.config.unpad_inputs and device.type == "cpu"
+        reads_values = unpad and not _tracing() and attention_mask is not None and attention_mask.dim() == 2
+        if reads_values and bool(attention_mask.all()):
             attention_mask = None  # nothing to mask: no bias, so SDPA adds no (batch, heads, q, k) term
-        unpad = self.config.unpad_inputs if unpad is None else unpad
         layout = None
-        if unpad and not tracing and not output_attentions and attention_mask is not None and attention_mask.dim() == 2:
+        if reads_values and attention_mask is not None and not output_attentions:
             layout = Unpadded.from_mask(attention_mask)
         if layout is None:
             hidden = self.embeddings(input_ids, token_type_ids, position_ids, inputs_embeds)
         else:  # embed the real tokens only
-            device = (input_ids if input_ids is not None else inputs_embeds).device
             if position_ids is None:
                 position_ids = torch.arange(seq_len, device=device)[None]
             rows = {name: None if t is None else layout.unpad(t.expand(batch, seq_len, *t.shape[2:]))
                     for name, t in (("input_ids", input_ids), ("token_type_ids", token_type_ids),
                                     ("position_ids", position_ids), ("inputs_embeds", inputs_embeds))}
             hidden = self.embeddings(**rows)
-        bias = attention_bias(attention_mask, seq_len, self.config.causal_attention, hidden.dtype, hidden.device)
+        causal = self.config.causal_attention and attention_mask is not None  # else SDPA's is_causal
+        bias = attention_bias(attention_mask, seq_len, causal, hidden.dtype, hidden.device)
         sequence_output, all_hidden, all_probs = self.encoder(
             hidden, bias, output_hidden_states, output_attentions, layout)
         if layout is not None:
@@ -662,7 +717,10 @@ class _BertSuiteWithLMHead(BertSuitePreTrainedModel):
 
 class BertSuiteForPreTraining(_BertSuiteWithLMHead):
     """MLM + NSP. Loss = mean MLM cross-entropy over labelled positions + mean NSP cross-entropy
-    (NSP left out when `config.use_nsp` is False: the paper's "No NSP" ablation)."""
+    (NSP left out when `config.use_nsp` is False: the paper's "No NSP" ablation). The MLM logits
+    are computed at every position, at the labelled ones (`masked_positions_only`), or at the
+    (batch, P) `masked_positions` with (batch, P) `labels` (static shapes: the compiled step's
+    form); see `masked_lm_logits_and_loss`."""
 
     def __init__(self, config: BertSuiteConfig):
         super().__init__(config)
@@ -684,16 +742,13 @@ class BertSuiteForPreTraining(_BertSuiteWithLMHead):
         return_dict=None,
         masked_positions_only=False,
         num_items_in_batch=None,
+        masked_positions=None,
+        unpad=None,
     ):
         enc = self._encode(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
-                           output_attentions, output_hidden_states)
-        logits, loss = masked_lm_logits_and_loss(self.cls.predictions, enc.last_hidden_state, labels,
-                                                 masked_positions_only, num_items_in_batch)
-        nsp_logits = scores_in_fp32(self.cls.seq_relationship, enc.pooler_output) if self.config.use_nsp else None
-        if loss is not None and nsp_logits is not None:
-            if next_sentence_label is None:
-                raise ValueError("labels were given without next_sentence_label; NSP needs both (or use_nsp=False)")
-            loss = loss + F.cross_entropy(nsp_logits.view(-1, 2), next_sentence_label.view(-1))
+                           output_attentions, output_hidden_states, unpad)
+        logits, nsp_logits, loss = self.cls(enc.last_hidden_state, enc.pooler_output, labels, next_sentence_label,
+                                            masked_positions_only, num_items_in_batch, masked_positions)
         out = BertForPreTrainingOutput(
             loss=loss,
             prediction_logits=logits,
@@ -724,11 +779,13 @@ class BertSuiteForMaskedLM(_BertSuiteWithLMHead):
         return_dict=None,
         masked_positions_only=False,
         num_items_in_batch=None,
+        masked_positions=None,
+        unpad=None,
     ):
         enc = self._encode(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
-                           output_attentions, output_hidden_states)
-        logits, loss = masked_lm_logits_and_loss(self.cls.predictions, enc.last_hidden_state, labels,
-                                                 masked_positions_only, num_items_in_batch)
+                           output_attentions, output_hidden_states, unpad)
+        logits, loss = self.cls(enc.last_hidden_state, labels, masked_positions_only, num_items_in_batch,
+                                masked_positions)
         out = MaskedLMOutput(loss=loss, logits=logits, hidden_states=enc.hidden_states, attentions=enc.attentions)
         return self._finish(out, return_dict)
 
