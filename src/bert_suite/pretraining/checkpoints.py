@@ -41,13 +41,22 @@ def save_checkpoint(accelerator, folder: str | Path, step: int, scheduler, keep:
     failpoint("pretrain.checkpoint_write")
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
-        atomic_write_text(staging / PROGRESS, json.dumps({"step": step, "scheduler": scheduler.state_dict()}))
+        atomic_write_text(staging / PROGRESS, json.dumps({"step": step, "scheduler": scheduler.state_dict()},
+                                                         default=_number))
         shutil.rmtree(target, ignore_errors=True)
         staging.rename(target)
         for old in [*complete_checkpoints(folder)[:-keep], *folder.glob("step-*.incomplete")]:
             shutil.rmtree(old, ignore_errors=True)
     accelerator.wait_for_everyone()
     return target
+
+
+def _number(value):
+    """A one-element tensor in the schedule's state as its number: a CUDA-graph step keeps the learning rate
+    as a device tensor, which the scheduler fills in place (bert_suite/pretraining/step.py)."""
+    if hasattr(value, "item") and getattr(value, "numel", lambda: 0)() == 1:
+        return value.item()
+    raise TypeError(f"{type(value).__name__} in the learning-rate schedule's state is not JSON")
 
 
 def load_checkpoint(accelerator, path: str | Path, scheduler) -> int:

@@ -189,8 +189,48 @@ class MaskingCollator:
         out["labels"] = input_ids.masked_fill(~chosen, IGNORE_INDEX).to(device)
         return out
 
+    def static(self, batch: dict[str, torch.Tensor], seq_len: int, predictions: int | None) -> dict[str, torch.Tensor]:
+        """`static_batch` with this collator's padding id."""
+        return static_batch(batch, seq_len, predictions, self.pad_id)
+
     def __call__(self, features: list[dict]) -> dict[str, torch.Tensor]:
         """pad, then mask with self.generator — unless the features already carry `labels` (static masks made
         offline): then only pad."""
         batch = self.pad(features)
         return batch if "labels" in batch else self.mask(batch)
+
+
+def static_batch(batch: dict[str, torch.Tensor], seq_len: int, predictions: int | None,
+                 pad_id: int = 0) -> dict[str, torch.Tensor]:
+    """A masked batch (from `pad` and `mask`) in the static form a compiled or graph-captured step takes, made
+    on the CPU so that the device step reads no tensor value:
+    - every tensor padded to `seq_len` (the phase's max_seq_length), so one shape serves every batch;
+    - `masked_positions` (batch, predictions) and `labels` (batch, predictions): the labelled positions of
+      each row in order, then position 0 with label -100 (the original BERT's max_predictions_per_seq
+      tensors); with `predictions` None, `labels` stay (batch, seq_len) (a left-to-right model predicts
+      every position);
+    - no `attention_mask` when no position is padding, so that attention needs no mask (flash kernels).
+    A row with more labelled positions than `predictions` is an error naming both counts."""
+    length = batch["input_ids"].shape[1]
+    if length > seq_len:
+        raise ValueError(f"a batch of length {length} is longer than the static length {seq_len}")
+    fills = {"input_ids": pad_id, "token_type_ids": 0, "attention_mask": 0, "labels": IGNORE_INDEX}
+    out = {k: torch.nn.functional.pad(v, (0, seq_len - length), value=fills[k]) if k in fills else v
+           for k, v in batch.items()}
+    if predictions is not None:
+        labels = out["labels"]
+        chosen = labels != IGNORE_INDEX
+        counts = chosen.sum(1)
+        if int(counts.max()) > predictions:
+            row = int(counts.argmax())
+            raise ValueError(f"row {row} of the batch has {int(counts[row])} masked positions, more than "
+                             f"max_predictions_per_seq ({predictions}); raise it or rebuild the data with that cap")
+        # the labelled positions first, in order (a stable sort of not-chosen), then anything: cut to the cap
+        order = torch.argsort((~chosen).to(torch.int8), dim=1, stable=True)[:, :predictions]
+        order = torch.nn.functional.pad(order, (0, predictions - order.shape[1]))  # seq_len < predictions
+        used = torch.arange(predictions) < counts[:, None]
+        out["masked_positions"] = order.where(used, 0)
+        out["labels"] = labels.gather(1, order).where(used, IGNORE_INDEX)
+    if "attention_mask" in out and bool(out["attention_mask"].all()):
+        del out["attention_mask"]
+    return out

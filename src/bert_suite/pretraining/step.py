@@ -1,0 +1,312 @@
+"""The pre-training step: one optimizer step over a global batch, on static shapes and without host syncs.
+
+One step is, for each micro-batch, the forward pass (MLM + NSP loss, Section 3.1) and the backward pass,
+then gradient clipping and the optimizer. On a GPU its speed turns on three things beside the arithmetic:
+
+- Static shapes. Every batch is padded to its phase's length and carries its masked positions as a
+  (batch, max_predictions_per_seq) tensor (`MaskingCollator.static`, on the CPU), so one compiled graph
+  serves every batch and no shape depends on the masks.
+- No host sync. The model makes no choice from a tensor's value (`unpad=False`); a batch without padding
+  comes with no attention_mask, so SDPA may run flash attention with the dropout inside the kernel; the
+  count the loss is divided by comes from the data pipeline; the statistics logged stay on the device
+  until a logging step reads them. A step that waits for the device leaves the GPU idle while Python
+  queues the next kernels: small models then run at the speed of the CPU.
+- Few launches. The regions of the model are compiled (`compile_regions`: bias+GELU and
+  bias+dropout+residual+LayerNorm fused, the vocabulary projection with its cross-entropy), and on one GPU
+  the whole step, clipping and the optimizer included, is one CUDA graph replayed every step
+  (`PretrainingStep(graph=True)`): measured on an H200, even BERT-base at 16,384 tokens a step spends
+  more time queueing kernels from Python than running them (benchmarks/RESULTS.md).
+
+The eager CPU path (`static=False`) is the one measured fastest there: the model drops padding itself and
+computes the MLM head at the labelled positions found by boolean indexing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from types import MethodType
+
+import torch
+import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+
+log = logging.getLogger(__name__)
+
+def resolve_switch(value, device_type: str) -> bool:
+    """A recipe switch (`auto`, true or false): auto is on for CUDA devices only."""
+    return device_type == "cuda" if value == "auto" else bool(value)
+
+
+def compile_regions(model, backend: str = "inductor", **options) -> list[torch.nn.Module]:
+    """Compile a pre-training model in place, region by region: the embeddings, each encoder layer and the
+    heads with their loss (`model.cls`). The layers run the same code, so the first one's graph serves them
+    all: a base model compiles in about the time of a two-layer one. Each region must be one graph
+    (fullgraph: a break is an error, not a silent slowdown). Parameter names stay the eager model's, so
+    checkpoints are unchanged; the pooler (two small kernels) stays eager. Returns the compiled regions."""
+    bert = model.bert
+    regions = [bert.embeddings, *bert.encoder.layer, model.cls]
+    for region in regions:
+        region.compile(backend=backend, fullgraph=True, **options)
+    return regions
+
+
+def compiled_stats(backend: str = "inductor"):
+    """`batch_stats` compiled for the static forms: the cross-entropy, argmax and counts read the logits
+    once, where eager code copies them to fp32 and reads them three times (for a small model, a sixth
+    of the step)."""
+    return torch.compile(batch_stats, backend=backend, fullgraph=True)
+
+
+def keep_autocast_outputs(model) -> bool:
+    """accelerate's native mixed precision wraps the model's forward as convert_outputs_to_fp32(autocast(
+    forward)): every bf16/fp16 output is copied to fp32 after the step. The loss is computed inside forward in
+    fp32 already, so the copy is of the MLM logits alone, the step's largest tensor (batch x predictions x
+    vocabulary): a pass over memory that small models feel. Keep the autocast, drop the copy. True when the
+    wrapper was found (accelerate as pinned in constraints.txt), False when there was none."""
+    inner = getattr(model, "module", model)  # DDP keeps the wrapped forward on the inner model
+    converter = getattr(getattr(inner.forward, "__func__", None), "__wrapped__", None)
+    autocast_forward = getattr(converter, "model_forward", None)
+    if autocast_forward is None or not hasattr(inner, "_original_forward"):
+        return False
+    inner.forward = MethodType(autocast_forward, inner)
+    return True
+
+
+def to_device(batch: dict[str, torch.Tensor], device) -> dict[str, torch.Tensor]:
+    """The batch on `device`. To CUDA through pinned memory with non_blocking: a copy from pageable memory
+    waits for every queued kernel first (a host sync per tensor per step)."""
+    if torch.device(device).type != "cuda":
+        return {k: v.to(device) for k, v in batch.items()}
+    return {k: v.pin_memory().to(device, non_blocking=True) for k, v in batch.items()}
+
+
+def batch_stats(out, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Summed MLM loss, correct predictions and count over the labelled positions, and NSP's, for logging.
+    Device tensors: reading them every step would wait for the device every step. The static forms
+    ((batch, P) or (batch, seq_len) logits beside same-shaped labels) need no boolean indexing; the eager
+    CPU path's (labelled positions, vocab) logits select their labels with one."""
+    labels = batch["labels"]
+    logits = out.prediction_logits.detach()
+    if logits.dim() == 3:
+        logits, targets = logits.reshape(-1, logits.shape[-1]), labels.reshape(-1)
+    else:  # masked_positions_only: the logits of the labelled positions, in order
+        targets = labels[labels != -100]
+    logits = logits.float()
+    valid = targets != -100
+    stats = {"mlm_loss": F.cross_entropy(logits, targets, ignore_index=-100, reduction="sum"),
+             "mlm_correct": ((logits.argmax(-1) == targets) & valid).sum(), "mlm_count": valid.sum()}
+    if out.seq_relationship_logits is not None:
+        nsp = out.seq_relationship_logits.detach().float()
+        target = batch["next_sentence_label"].view(-1)
+        stats.update(nsp_loss=F.cross_entropy(nsp, target, reduction="sum"),
+                     nsp_correct=(nsp.argmax(-1) == target).sum(),
+                     nsp_count=torch.full((), len(target), device=nsp.device))
+    return stats
+
+
+class PretrainingStep:
+    """Runs optimizer steps: `step(micro_batches, num_items)` with the global batch's micro-batches (on the
+    device) and the MLM loss's divisor (a 0-d device tensor: the global batch's masked tokens divided by
+    processes x micro-batches, see the recipe). Statistics add up on the device; `take_totals()` returns
+    and resets them; `grad_norm` is the last step's norm before clipping (a device tensor).
+
+    static: batches in `MaskingCollator.static` form, the model told to read no tensor value.
+    graph: capture the whole step (every micro-batch's forward and backward, clipping, the optimizer) in a
+        CUDA graph on its first call for each batch structure, and replay it: one launch a step. It needs
+        one process, a static batch, an optimizer made with `capturable=True` and, under autocast, no
+        autocast cache (accelerate's AutocastKwargs(cache_enabled=False)). On the CPU (tests) the same body
+        runs on the same static buffers without a graph. A capture that fails is logged and the step runs
+        without a graph.
+    """
+
+    def __init__(self, accelerator, model, optimizer, max_grad_norm: float, static: bool, graph: bool = False,
+                 stats_fn=batch_stats):
+        if graph and (not static or accelerator.num_processes != 1):
+            raise ValueError("a graph-captured step needs static batches and one process")
+        self.accelerator, self.model, self.optimizer = accelerator, model, optimizer
+        self.max_grad_norm, self.static, self.graph = max_grad_norm, static, graph
+        self.stats_fn = stats_fn
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.totals: dict[str, torch.Tensor] = {}
+        self.grad_norm = torch.tensor(float("nan"))
+        self.captured: dict[tuple, _Captured] = {}
+
+    def forward_kwargs(self) -> dict:
+        # static: positions given (or, left-to-right, every position), no value read; the CPU path finds them itself
+        return {"unpad": False, "masked_positions_only": False} if self.static else {"masked_positions_only": True}
+
+    def __call__(self, micro_batches: list[dict[str, torch.Tensor]], num_items: torch.Tensor) -> None:
+        if self.graph:
+            key = tuple(tuple((k, tuple(v.shape), v.dtype) for k, v in sorted(b.items())) for b in micro_batches)
+            if key not in self.captured:
+                self.captured[key] = _Captured(self, micro_batches, num_items)
+            self.captured[key].replay(micro_batches, num_items)
+            return
+        accelerator = self.accelerator
+        for batch in micro_batches:
+            with accelerator.accumulate(self.model):
+                out = self.model(**batch, return_dict=True, num_items_in_batch=num_items, **self.forward_kwargs())
+                accelerator.backward(out.loss)
+                if accelerator.sync_gradients:  # the norm before clipping, logged as the Trainer does
+                    self.grad_norm = accelerator.clip_grad_norm_(self.params, self.max_grad_norm)
+                self.optimizer.step()
+                self.optimizer.zero_grad()
+            self._add(self.stats_fn(out, batch))
+
+    def _add(self, stats: dict[str, torch.Tensor]) -> None:
+        for key, value in stats.items():
+            if key in self.totals:
+                self.totals[key] += value
+            else:
+                self.totals[key] = value.clone()
+
+    def take_totals(self) -> dict[str, torch.Tensor]:
+        """The statistics summed since the last call (device tensors), and a fresh start."""
+        taken = {k: v.clone() for k, v in self.totals.items()}
+        for value in self.totals.values():
+            value.zero_()
+        return taken
+
+    def new_shapes(self) -> None:
+        """Forget the captured graphs (a new phase: other lengths); their memory goes back to the allocator."""
+        self.captured.clear()
+
+
+class _Captured:
+    """One batch structure's step as a CUDA graph: static input buffers, the graph, and the body it replays."""
+
+    def __init__(self, owner: PretrainingStep, micro_batches, num_items):
+        self.owner = owner
+        self.inputs = [{k: v.clone() for k, v in b.items()} for b in micro_batches]
+        self.num_items = num_items.clone()
+        self.optimizer = getattr(owner.optimizer, "optimizer", owner.optimizer)  # accelerate's wrapper -> torch's
+        self.graph = None
+        device = num_items.device
+        # The warm-up (and the capture) draw random numbers (dropout): the generator is put back where it was,
+        # so that the replays draw what eager steps would, and a resumed run what the uninterrupted one drew.
+        cuda = device.type == "cuda"
+        rng = torch.cuda.get_rng_state(device) if cuda else torch.get_rng_state()
+        try:
+            if cuda:
+                self._capture(device)
+            else:  # the CPU: the same body on the same buffers, run eagerly (tests)
+                self._prepare(device)
+        except RuntimeError as err:  # an operation that cannot be captured: slower, not wrong
+            if not cuda:
+                raise
+            log.warning("CUDA graph capture failed (%s); the step runs without a graph", str(err).splitlines()[0])
+            self.graph = None
+        finally:
+            torch.cuda.set_rng_state(rng, device) if cuda else torch.set_rng_state(rng)
+        # The graph writes these tensors in place: held here so their memory stays theirs, checked at each replay
+        self.grads = [p.grad for p in owner.params]
+
+    def _prepare(self, device) -> None:
+        """What must exist before a capture, outside the graph's memory: gradient buffers; the optimizer's state
+        (made by a step with a zero learning rate and zero gradients, which leaves the weights as they are);
+        on CUDA the learning rate as a device tensor (the scheduler fills it in place); the norm's and the
+        statistics' buffers. Then one forward and backward, which compiles what is compiled."""
+        owner, optimizer = self.owner, self.optimizer
+        for p in owner.params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        if device.type == "cuda":
+            for group in optimizer.param_groups:
+                group["lr"] = torch.tensor(float(group["lr"]), device=device)
+        if not optimizer.state:
+            saved = [group["lr"] for group in optimizer.param_groups]
+            for group in optimizer.param_groups:
+                group["lr"] = group["lr"] * 0 if torch.is_tensor(group["lr"]) else 0.0
+            for p in owner.params:
+                p.grad.zero_()
+            optimizer.step()
+            for group, lr in zip(optimizer.param_groups, saved, strict=True):
+                group["lr"] = lr
+            for state in optimizer.state.values():
+                step = state.get("step")
+                if torch.is_tensor(step):
+                    step.zero_()
+                elif step is not None:
+                    state["step"] = 0
+        owner.grad_norm = torch.zeros((), device=device)
+        for key, value in self._body(warm_up=True).items():
+            owner.totals.setdefault(key, torch.zeros_like(value))
+
+    def _capture(self, device) -> None:
+        side = torch.cuda.Stream(device)  # warm-up on a side stream, as torch.cuda.graph's documentation asks
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):
+            self._prepare(device)
+        torch.cuda.current_stream(device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            self._body()
+        self.graph = graph
+
+    def _body(self, warm_up: bool = False) -> dict[str, torch.Tensor]:
+        """One step on the static buffers. warm_up: forward, backward and statistics only (no update)."""
+        owner = self.owner
+        torch._foreach_zero_([p.grad for p in owner.params])
+        parts = len(self.inputs)
+        stats_sum: dict[str, torch.Tensor] = {}
+        for batch in self.inputs:
+            out = owner.model(**batch, return_dict=True, num_items_in_batch=self.num_items, **owner.forward_kwargs())
+            (out.loss / parts).backward()  # as accelerate's backward divides by the micro-batches
+            for key, value in owner.stats_fn(out, batch).items():
+                stats_sum[key] = value if key not in stats_sum else stats_sum[key] + value
+        if warm_up:
+            return stats_sum
+        owner.grad_norm.copy_(torch.nn.utils.clip_grad_norm_(owner.params, owner.max_grad_norm, foreach=True))
+        self.optimizer.step()
+        for key, value in stats_sum.items():
+            owner.totals[key].add_(value)
+        return stats_sum
+
+    def replay(self, micro_batches, num_items) -> None:
+        if any(p.grad is not g for p, g in zip(self.owner.params, self.grads, strict=True)):
+            raise RuntimeError("a parameter's .grad was replaced after the step was captured in a CUDA graph "
+                               "(zero_grad(set_to_none=True)?): the graph writes the captured tensors; leave them")
+        for buffers, batch in zip(self.inputs, micro_batches, strict=True):
+            for key, value in batch.items():
+                buffers[key].copy_(value, non_blocking=True)
+        self.num_items.copy_(num_items, non_blocking=True)
+        if self.graph is not None:
+            self.graph.replay()
+        else:
+            self._body()
+
+
+# The operations that make the host wait for the device: a tensor's value read on the host (`.item()`,
+# `bool(t)`, `int(t)`), or an output whose shape depends on values (boolean indexing, nonzero, unique...).
+_SYNCS = ("_local_scalar_dense", "nonzero", "masked_select", "unique_dim", "_unique", "_unique2",
+          "unique_consecutive", "bincount", "is_nonzero", "equal", "item")
+
+
+class HostSyncError(RuntimeError):
+    """An operation that reads tensor values on the host, where the step must not."""
+
+
+class NoHostSync(TorchDispatchMode):
+    """Refuses, while active, every operation that would make the host wait for an accelerator: use it
+    around a step to prove it sync-free on any device (the CPU included, where such reads cost nothing but
+    are the same operations). On CUDA, `torch.cuda.set_sync_debug_mode("error")` checks the real thing."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        if name in _SYNCS or (name in ("index", "index_put", "index_put_", "_index_put_impl_") and _bool_index(args)) \
+                or (name == "repeat_interleave" and not (kwargs or {}).get("output_size")):
+            raise HostSyncError(f"{func}: reads tensor values on the host (a host sync on an accelerator)")
+        return func(*args, **(kwargs or {}))
+
+
+def _bool_index(args) -> bool:
+    indices = args[1] if len(args) > 1 else ()
+    return any(torch.is_tensor(i) and i.dtype in (torch.bool, torch.uint8) for i in (indices or ()))
+
+
+@contextlib.contextmanager
+def no_host_sync():
+    """`with no_host_sync(): step(...)`: a HostSyncError at the first operation that would sync."""
+    with NoHostSync():
+        yield
