@@ -29,9 +29,8 @@ from pathlib import Path
 
 import datasets
 import torch
-import torch.nn.functional as F
 from accelerate import Accelerator
-from accelerate.utils import ProjectConfiguration, set_seed
+from accelerate.utils import AutocastKwargs, ProjectConfiguration, set_seed
 from tqdm.auto import tqdm
 from transformers import get_linear_schedule_with_warmup
 
@@ -51,13 +50,22 @@ from bert_suite.pretraining.checkpoints import (
 from bert_suite.pretraining.config import load_pretrain_config
 from bert_suite.pretraining.instances import find_parts, load_parts
 from bert_suite.pretraining.masking import MaskingCollator, example_keys
+from bert_suite.pretraining.step import (
+    PretrainingStep,
+    batch_stats,
+    compile_regions,
+    compiled_stats,
+    keep_autocast_outputs,
+    resolve_switch,
+    to_device,
+)
 from bert_suite.tokenization import load_pretraining_tokenizer
 
 COLUMNS = ("input_ids", "token_type_ids", "next_sentence_label")
 
 
 class StepBatches(torch.utils.data.Sampler):
-    """Index lists for steps start, start+1, ...: this process's share of each global batch.
+    """(micro-step, index list) for steps start, start+1, ...: this process's share of each global batch.
     Any step's batch is computable without replaying the ones before it (exact resume)."""
 
     def __init__(self, size, batch_size, accumulation, seed, start, rank, world):
@@ -74,7 +82,7 @@ class StepBatches(torch.utils.data.Sampler):
             epoch, position = divmod(step, self.per_epoch)
             order = torch.randperm(self.size, generator=torch.Generator().manual_seed(self.seed * 100_003 + epoch))
             first = ((position * self.accumulation + part) * self.world + self.rank) * self.batch
-            yield order[first: first + self.batch].tolist()
+            yield micro, order[first: first + self.batch].tolist()
             micro += 1
 
 
@@ -109,20 +117,51 @@ def as_features(rows: dict) -> list[dict]:
     return [dict(zip(rows, values, strict=True)) for values in zip(*rows.values(), strict=True)]
 
 
-def batches(data, collator, cfg, phase, start, accelerator, batch_size):
+class Batches(torch.utils.data.Dataset):
+    """The micro-batch of a (micro-step, indices) key, made where the loader runs (in its worker processes
+    with dataloader_num_workers > 0, beside the GPU's step): padded, masked (a function of the run's seed,
+    the global step and the rows' places in its global batch), counted (masked positions and real tokens,
+    so that the step never reads them on the device) and, for a static step, in its static form."""
+
+    def __init__(self, data, collator, cfg, first_step: int, rank: int, world: int, form):
+        self.table = data.select_columns([c for c in (*COLUMNS, "labels") if c in data.column_names])
+        self.collator, self.cfg, self.first_step, self.rank, self.world, self.form = \
+            collator, cfg, first_step, rank, world, form
+
+    def __getitem__(self, key):
+        micro, indices = key
+        step, part = divmod(micro, self.cfg.gradient_accumulation_steps)
+        batch = self.collator.pad(as_features(self.table[indices]))
+        first = (part * self.world + self.rank) * len(indices)
+        batch = step_masks(self.collator, batch, self.cfg.seed, self.first_step + step, first,
+                           self.cfg.causal_attention)
+        counts = int((batch["labels"] != -100).sum()), int(batch["attention_mask"].sum())
+        return (self.collator.static(batch, *self.form) if self.form else batch), counts
+
+
+def _as_is(item):
+    return item
+
+
+def batches(data, collator, cfg, phase, start, accelerator, batch_size, form, workers):
+    """(batch, (masked, real tokens)) for each micro-step from phase step `start` on."""
     sampler = StepBatches(len(data), batch_size, cfg.gradient_accumulation_steps, cfg.seed + 7919 * phase,
                           start, accelerator.process_index, accelerator.num_processes)
-    table = data.select_columns([c for c in (*COLUMNS, "labels") if c in data.column_names])
-
-    def collate(indices):
-        rows = table[indices]
-        return collator.pad(as_features(rows))
-
+    made = Batches(data, collator, cfg, 0 if phase == 0 else cfg.phase1_steps, accelerator.process_index,
+                   accelerator.num_processes, form)
     # Its own generator: creating an iterator must not draw from the global RNG (dropout's), or a
     # resumed run, which creates it at a different step, would see different dropout masks.
-    loader = torch.utils.data.DataLoader(range(len(data)), batch_sampler=sampler, collate_fn=collate,
-                                         num_workers=cfg.dataloader_num_workers, generator=torch.Generator())
+    loader = torch.utils.data.DataLoader(made, sampler=sampler, batch_size=None, collate_fn=_as_is,
+                                         num_workers=workers, pin_memory=accelerator.device.type == "cuda",
+                                         generator=torch.Generator())
     return iter(loader)
+
+
+def static_length(data) -> int:
+    """The longest instance of a phase's data (its static length): read off the Arrow column, no Python loop."""
+    import pyarrow.compute as pc
+
+    return int(pc.max(pc.list_value_length(data.data.column("input_ids"))).as_py())
 
 
 def step_masks(collator, batch, seed, step, first, causal=False):
@@ -135,22 +174,6 @@ def step_masks(collator, batch, seed, step, first, causal=False):
         return batch
     offsets = first + torch.arange(len(batch["input_ids"]))
     return collator.mask(batch, keys=example_keys(seed, step, offsets))
-
-
-def losses(out, batch):
-    """MLM loss/accuracy over masked positions and NSP loss/accuracy, for logging. Sums stay
-    tensors on the device: reading them every step would wait for the GPU every step."""
-    labels = batch["labels"]
-    chosen = labels != -100
-    logits = out.prediction_logits.detach().float()  # masked positions only (masked_positions_only=True)
-    stats = {"mlm_loss": F.cross_entropy(logits, labels[chosen], reduction="sum"),
-             "mlm_correct": (logits.argmax(-1) == labels[chosen]).sum(), "mlm_count": chosen.sum()}
-    if out.seq_relationship_logits is not None:
-        nsp = out.seq_relationship_logits.detach().float()
-        target = batch["next_sentence_label"].view(-1)
-        stats.update(nsp_loss=F.cross_entropy(nsp, target, reduction="sum"),
-                     nsp_correct=(nsp.argmax(-1) == target).sum(), nsp_count=len(target))
-    return stats
 
 
 def summarise(totals: dict) -> dict:
@@ -181,10 +204,11 @@ def add(totals, stats):
 
 
 @torch.no_grad()
-def evaluate(model, eval_data, collator, cfg, accelerator):
+def evaluate(model, eval_data, collator, cfg, accelerator, stepper, static_form):
     """Held-out MLM perplexity and accuracy and NSP accuracy, with the same masks at every
     evaluation; beside them the frequent-token accuracy: that of always predicting the token most
-    frequent at those masked positions, where a model on the unigram plateau sits."""
+    frequent at those masked positions, where a model on the unigram plateau sits. `static_form`:
+    (length, predictions) for the static step's batches, else None."""
     model.eval()
     totals, counts = {}, None
     vocab_size = accelerator.unwrap_model(model).config.vocab_size
@@ -194,8 +218,10 @@ def evaluate(model, eval_data, collator, cfg, accelerator):
         rows = table[number * size: (number + 1) * size]
         batch = collator.pad(as_features(rows))
         batch = step_masks(collator, batch, cfg.seed, -1, number * size, cfg.causal_attention)
-        batch = {k: v.to(accelerator.device) for k, v in batch.items()}
-        add(totals, losses(model(**batch, masked_positions_only=True, return_dict=True), batch))
+        if static_form:
+            batch = collator.static(batch, *static_form)
+        batch = to_device(batch, accelerator.device)
+        add(totals, batch_stats(model(**batch, return_dict=True, **stepper.forward_kwargs()), batch))
         found = torch.bincount(batch["labels"][batch["labels"] != -100], minlength=vocab_size)
         counts = found if counts is None else counts + found
     model.train()
@@ -241,6 +267,8 @@ def main(argv=None):
     accelerator = Accelerator(cpu=needs_cpu_group(),
                               mixed_precision=mixed_precision, log_with=report_to,
                               gradient_accumulation_steps=cfg.gradient_accumulation_steps,
+                              # BERT uses each weight once a forward: the cache saves nothing, and a CUDA graph forbids it
+                              kwargs_handlers=[AutocastKwargs(cache_enabled=False)],
                               project_config=ProjectConfiguration(project_dir=str(out), logging_dir=str(out / "logs")))
     if accelerator.num_processes != launched:  # N copies each writing the same files
         raise SystemExit(f"pretrain: error: launched as {launched} processes but accelerate runs "
@@ -277,6 +305,22 @@ def main(argv=None):
     collators = [MaskingCollator(tokenizer, cfg.mlm_probability, cfg.mask_ratio, cfg.random_ratio, cap,
                                  cfg.whole_word_mask) for cap in (cfg.max_predictions_per_seq,
                                                                   cfg.max_predictions_per_seq_phase2)]
+    # The step's form (bert_suite/pretraining/step.py): static, compiled and graph-captured on CUDA by default
+    device = accelerator.device.type
+    compiled = resolve_switch(cfg.torch_compile, device)
+    graph = resolve_switch(cfg.cuda_graph, device) and (cfg.cuda_graph is True or accelerator.num_processes == 1)
+    if graph and (device != "cuda" or accelerator.num_processes != 1):
+        raise SystemExit(f"pretrain: error: cuda_graph=true needs one process on a CUDA device (this run: "
+                         f"{accelerator.num_processes} on {device}); set cuda_graph=auto or false")
+    static = resolve_switch(cfg.static_shapes, device) or compiled or graph
+    # auto: batches made beside a GPU's step by worker processes; on the CPU they would take its cores from the step
+    workers = cfg.dataloader_num_workers if cfg.dataloader_num_workers != "auto" else \
+        0 if device == "cpu" else min(4, (os.cpu_count() or 2) // 2)
+    # (length, predictions per sequence) of each phase's static batches; a left-to-right model predicts every position
+    forms = [(static_length(data), None if cfg.causal_attention else c.max_predictions_per_seq)
+             for data, c in zip([*phase_data, eval_data], [*collators[:len(phase_data)], collators[0]], strict=True)
+             if data is not None] if static else [None] * 3
+    eval_form = forms[-1] if static and eval_data is not None else None
 
     no_decay = ("bias", "LayerNorm.weight", "LayerNorm.bias")  # the paper: no weight decay on these
     groups = [{"params": [p for n, p in model.named_parameters() if not n.endswith(no_decay)],
@@ -284,12 +328,15 @@ def main(argv=None):
               {"params": [p for n, p in model.named_parameters() if n.endswith(no_decay)], "weight_decay": 0.0}]
     # One fused kernel per step instead of a loop over parameters (CPU and CUDA): the same update.
     optimizer = torch.optim.AdamW(groups, lr=cfg.learning_rate, betas=(cfg.adam_beta1, cfg.adam_beta2),
-                                  eps=cfg.adam_epsilon, fused=accelerator.device.type in ("cpu", "cuda"))
+                                  eps=cfg.adam_epsilon, fused=device in ("cpu", "cuda"), capturable=graph)
     # One schedule over both phases; not passed to prepare(), which would step it once per process.
     scheduler = get_linear_schedule_with_warmup(optimizer, cfg.warmup_steps, cfg.max_steps)
-    if cfg.torch_compile:  # in place, so parameter names (checkpoints) stay those of the eager model;
-        model.bert.compile(backend=cfg.torch_compile_backend)  # the heads stay eager: masked_positions_only gathers a data-dependent count
+    if compiled:  # in place, so parameter names (checkpoints) stay those of the eager model
+        compile_regions(model, backend=cfg.torch_compile_backend)
     model, optimizer = accelerator.prepare(model, optimizer)
+    keep_autocast_outputs(model)  # no fp32 copy of the logits after each forward
+    stepper = PretrainingStep(accelerator, model, optimizer, cfg.max_grad_norm, static=static, graph=graph,
+                              stats_fn=compiled_stats(cfg.torch_compile_backend) if compiled else batch_stats)
 
     step = 0
     checkpoints = out / "checkpoints"
@@ -312,11 +359,12 @@ def main(argv=None):
                                                       for k, v in vars(cfg).items() if k != "extra"})
 
     accelerator.print(precision.describe())
+    form = ", ".join(n for n, on in (("static", static), ("compiled", compiled), ("CUDA graph", graph)) if on)
     accelerator.print(f"world size {accelerator.num_processes} ({accelerator.distributed_type.value}, "
                       f"{accelerator.device.type}): global batch {accelerator.num_processes} x "
-                      f"{cfg.gradient_accumulation_steps} x {cfg.per_device_train_batch_size}")
+                      f"{cfg.gradient_accumulation_steps} x {cfg.per_device_train_batch_size}; step: {form or 'eager'}")
     bar = tqdm(total=cfg.max_steps, initial=step, desc="pre-training", disable=not accelerator.is_local_main_process)
-    history, totals, tokens, started, grad_norm = [], {}, 0, time.time(), torch.tensor(float("nan"))
+    history, tokens, started = [], 0, time.time()
     phase, stream = None, None
     model.train()
     while step < cfg.max_steps:
@@ -326,32 +374,22 @@ def main(argv=None):
             size = cfg.per_device_train_batch_size if phase == 0 else \
                 (cfg.per_device_train_batch_size_phase2 or cfg.per_device_train_batch_size)
             start = step if phase == 0 else step - cfg.phase1_steps
-            stream = batches(phase_data[phase], collators[phase], cfg, phase, start, accelerator, size)
-        micro_batches = []
-        for micro in range(cfg.gradient_accumulation_steps):
-            raw = next(stream)
-            first = (micro * accelerator.num_processes + accelerator.process_index) * len(raw["input_ids"])
-            micro_batches.append(step_masks(collators[phase], raw, cfg.seed, step, first, cfg.causal_attention))
+            stream = batches(phase_data[phase], collators[phase], cfg, phase, start, accelerator, size, forms[phase],
+                             workers)
+            stepper.new_shapes()
+        micro_batches, masked = [], 0
+        for _ in range(cfg.gradient_accumulation_steps):
+            batch, (n_masked, n_real) = next(stream)  # counted on the CPU: reading them on the device would wait
+            micro_batches.append(batch)
+            masked, tokens = masked + n_masked, tokens + n_real
         # MLM loss = summed cross-entropy / the masked tokens of the whole global batch. accelerate divides
         # each micro-batch's loss by the accumulation steps and DDP averages over processes, so the model is
         # given the global count divided by both (transformers' num_items_in_batch is the count itself,
         # with the loss multiplied back by the processes in the Trainer).
-        masked = torch.tensor(float(sum(int((b["labels"] != -100).sum()) for b in micro_batches)),
-                              device=accelerator.device, dtype=torch.float64)
+        masked = torch.full((), float(masked), device=accelerator.device, dtype=torch.float64)
         parts = accelerator.num_processes * cfg.gradient_accumulation_steps
         per_part = accelerator.reduce(masked, reduction="sum") / parts if accelerator.num_processes > 1 else masked / parts
-        for batch in micro_batches:
-            batch = {k: v.to(accelerator.device) for k, v in batch.items()}
-            with accelerator.accumulate(model):
-                out_ = model(**batch, masked_positions_only=True, return_dict=True,
-                             num_items_in_batch=per_part.clamp(min=1e-9).float())
-                accelerator.backward(out_.loss)
-                if accelerator.sync_gradients:  # the norm before clipping, logged as the Trainer does
-                    grad_norm = accelerator.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
-                optimizer.step()
-                optimizer.zero_grad()
-            add(totals, losses(out_, batch))
-            tokens += batch["attention_mask"].sum()
+        stepper([to_device(b, accelerator.device) for b in micro_batches], per_part.clamp(min=1e-9).float())
         scheduler.step()
         step += 1
         bar.update(1)
@@ -360,14 +398,14 @@ def main(argv=None):
         evaluate_now = eval_data is not None and (step % cfg.eval_steps == 0 or step == cfg.max_steps)
         if step % cfg.logging_steps == 0 or step == cfg.max_steps or evaluate_now:
             elapsed = time.time() - started
-            totals = all_processes({**totals, "tokens": tokens}, accelerator)
+            totals = all_processes({**stepper.take_totals(), "tokens": torch.tensor(float(tokens))}, accelerator)
             tokens = totals.pop("tokens")
-            logs = {**summarise(totals), "grad_norm": float(grad_norm), "learning_rate": scheduler.get_last_lr()[0],
-                    "phase": phase + 1,
+            logs = {**summarise(totals), "grad_norm": float(stepper.grad_norm),
+                    "learning_rate": float(scheduler.get_last_lr()[0]), "phase": phase + 1,
                     "tokens_per_second": float(tokens) / max(elapsed, 1e-9), "step": step}
-            totals, tokens, started = {}, 0, time.time()
+            tokens, started = 0, time.time()
             if evaluate_now:
-                logs.update(evaluate(model, eval_data, collators[0], cfg, accelerator))
+                logs.update(evaluate(model, eval_data, collators[0], cfg, accelerator, stepper, eval_form))
             bar.set_postfix({k: f"{logs[k]:.3g}" for k in ("mlm_loss", "nsp_accuracy") if k in logs})
             history.append(logs)
             accelerator.log(logs, step=step)
@@ -382,7 +420,9 @@ def main(argv=None):
 
     final = save_model(accelerator, model, tokenizer, out / "final")
     if accelerator.is_main_process:
-        results = {"step": step, "config": vars(cfg), **precision.record(), **memory, **(history[-1] if history else {})}
+        results = {"step": step, "config": vars(cfg), **precision.record(), **memory,
+                   "step_form": {"static_shapes": static, "torch_compile": compiled, "cuda_graph": graph},
+                   **(history[-1] if history else {})}
         atomic_write_text(out / "pretrain_results.json", json.dumps(results, indent=2, default=str))
         accelerator.print(f"saved {final}: " + ", ".join(f"{k} {v:.4g}" for k, v in (history or [{}])[-1].items()))
         if cfg.push_to_hub:

@@ -68,9 +68,9 @@ def record_step_batches(recipe, into: list) -> None:
     real_iter = recipe.StepBatches.__iter__
 
     def recorded(self):
-        for indices in real_iter(self):
+        for micro, indices in real_iter(self):
             into.append(indices)
-            yield indices
+            yield micro, indices
 
     recipe.StepBatches.__iter__ = recorded
 

@@ -57,8 +57,15 @@ class PretrainConfig:
     # auto: bf16 autocast where the CPU does bf16 natively (fp32 elsewhere), the accelerate config's choice on
     # a GPU; no, bf16, fp16 (accelerate's names) choose explicitly (bert_suite.precision)
     mixed_precision: str = "auto"
-    torch_compile: bool = False  # compile the encoder (torch.compile; the heads stay eager)
+    # --- speed (bert_suite.pretraining.step). auto: on a CUDA device, off on the CPU, where the eager path that
+    # drops padding itself was measured fastest (benchmarks/RESULTS.md)
+    # every batch padded to its phase's length, the masked positions a (batch, max_predictions_per_seq) tensor,
+    # no attention mask without padding: no host sync, one compiled graph (auto: also whenever compiling/graphing)
+    static_shapes: bool | str = "auto"
+    torch_compile: bool | str = "auto"  # compile the embeddings, the encoder layers and the heads in place
     torch_compile_backend: str = "inductor"  # any torch.compile backend (aot_eager: trace only, no codegen)
+    # the whole step (micro-batches, clipping, AdamW) as one CUDA graph replayed each step; auto: on one GPU
+    cuda_graph: bool | str = "auto"
     # --- bookkeeping
     output_dir: str = "runs/pretrain"
     seed: int = 42
@@ -73,7 +80,8 @@ class PretrainConfig:
     snapshot_steps: list[int] = field(default_factory=list)
     resume_from_checkpoint: str | None = "auto"  # auto: latest in output_dir/checkpoints; null: start over
     report_to: str = "tensorboard"  # tensorboard, none, or any accelerate tracker name
-    dataloader_num_workers: int = 0
+    # processes that pad, mask and count the batches ahead of the step; auto: 0 on the CPU, up to 4 beside a GPU
+    dataloader_num_workers: int | str = "auto"
     push_to_hub: bool = False
     hub_model_id: str | None = None
     extra: dict = field(default_factory=dict)  # free-form notes copied into the results (e.g. table name)
@@ -205,6 +213,16 @@ def validate(cfg: PretrainConfig, source: str) -> PretrainConfig:
         bad("snapshot_steps", f"must be steps between 1 and max_steps ({cfg.max_steps})")
     if cfg.push_to_hub and not cfg.hub_model_id:
         bad("hub_model_id", "is required with push_to_hub")
+    if isinstance(cfg.dataloader_num_workers, str) and cfg.dataloader_num_workers != "auto" \
+            or isinstance(cfg.dataloader_num_workers, int) and cfg.dataloader_num_workers < 0:
+        bad("dataloader_num_workers", "must be auto or a number of processes (0: the main process)")
+    for key in ("static_shapes", "torch_compile", "cuda_graph"):
+        if isinstance(getattr(cfg, key), str) and getattr(cfg, key) != "auto":
+            bad(key, "must be auto, true or false")
+    for key in ("torch_compile", "cuda_graph"):
+        if getattr(cfg, key) is True and cfg.static_shapes is False:
+            bad("static_shapes", f"must be true or auto with {key}=true (a compiled or captured step needs "
+                                 "the same shapes every step)")
     if cfg.causal_attention and cfg.use_nsp:
         # The paper's LTR model has no NSP; a causal encoder's [CLS] sees only itself.
         bad("use_nsp", "must be false with causal_attention (the paper's LTR & No NSP)")
