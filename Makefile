@@ -135,6 +135,16 @@ bench: install  ## the quick benchmarks against stock transformers
 	$(OFFLINE) $(BIN)/python benchmarks/pretrain_data_speed.py --repeat 1
 	$(OFFLINE) $(BIN)/python benchmarks/cli_startup.py
 
+# ---- A GPU check (benchmarks/gpu_check.sh; results: benchmarks/RESULTS.md). A GPU machine is lent for minutes, bare
+# and offline: `make gpu-bundle` here writes .gpu-bundle/ (wheels it lacks, the project, a few data files, the step
+# of revision BEFORE); copy the tree with it there and run `make gpu-check` (8 minutes; results in runs/gpu-check/).
+.PHONY: gpu-bundle gpu-check
+gpu-bundle: install  ## .gpu-bundle/: what a bare GPU machine needs for make gpu-check (BEFORE=4889d2e)
+	BEFORE=$(or $(BEFORE),4889d2e) PYTHON=$(BIN)/python bash benchmarks/gpu_bundle.sh
+
+gpu-check:  ## on a GPU machine: correctness and speed in 8 minutes (runs/gpu-check/)
+	OUT=$(or $(GPU_CHECK_OUT),runs/gpu-check) bash benchmarks/gpu_check.sh
+
 bench-full: install  ## the full benchmarks
 	$(OFFLINE) $(BIN)/python benchmarks/pretrain_step.py --profile
 	$(OFFLINE) $(BIN)/python benchmarks/finetune_speed.py --profile

@@ -248,7 +248,8 @@ def measure(task, args, tmp) -> dict:
                         "ratio_by_precision": ratios,
                         "bf16_over_fp32": {s: medians[s] / medians[f"{s} bf16"] for s in SIDES
                                            if s in medians and f"{s} bf16" in medians}}
-    result["tokens"] = {s: token_counts(setup, s) for s in SIDES if s in runs}
+    # per side, from its runs of the first precision (the batches do not depend on the precision)
+    result["tokens"] = {side_of(r): token_counts(setup, r) for r in runs if precision_of(r) == precision_of(runs[0])}
     if args.profile:
         result["profile"] = {k: v for r in runs for k, v in profile(setup, r).items()}
     if not args.no_memory:

@@ -104,13 +104,60 @@ def test_pretrain_step_skips_without_data(tmp_path, capsys):
     assert exit_info.value.code == 0 and str(tmp_path / "nowhere") in capsys.readouterr().out
 
 
-def test_gpu_benchmark_variants_run_on_cpu(corpus):
-    payload = gpu_pretrain_step.main(["--device", "cpu", "--dtype", "fp32", "--preset", "tiny", "--seq_lens", "16",
-                                      "--tokens", "64", "--compile", "none", "--steps", "1", "--repeats", "1"])
-    rows = {r["variant"]: r for r in payload["rows"]}
-    assert set(rows) == {"ours", "stock eager", "stock sdpa"}
-    assert rows["stock sdpa"]["vs_stock_sdpa"] == pytest.approx(1.0)
+def test_gpu_check_runs_every_step_on_the_cpu(tmp_path):
+    """`benchmarks/gpu_check.sh --device cpu --quick`: every step of `make gpu-check` at toy size on data the
+    test writes (a bundle without wheels: this Python has the packages), so the script cannot rot while no
+    GPU is at hand. Each step ends ok; at most 8 files come out; the merged record holds every part."""
+    import json
+    import os
+    import shutil
+    import subprocess
+
+    from helpers import REPO, write_pretrain_setup, write_rte_like
+
+    bundle = tmp_path / "bundle"
+    write_rte_like(bundle / "data" / "glue" / "RTE", n_train=64, n_dev=32)
+    (tmp_path / "setup").mkdir()
+    setup = write_pretrain_setup(tmp_path / "setup")
+    (bundle / "data" / "vocab" / "bert-base-uncased").mkdir(parents=True)
+    vocab = (bundle / "data" / "glue" / "RTE" / "vocab.txt").read_text().splitlines()
+    words = [w for w in (setup / "vocab.txt").read_text().splitlines() if w not in vocab]
+    (bundle / "data" / "vocab" / "bert-base-uncased" / "vocab.txt").write_text("\n".join(vocab + words) + "\n")
+    shutil.copy(setup / "corpus.txt", bundle / "data" / "corpus.txt")
+    before = bundle / "before" / "bert_suite_before"  # an "earlier" modeling file: today's
+    before.mkdir(parents=True)
+    for name in ("modeling_bert_suite.py", "configuration_bert_suite.py"):
+        shutil.copy(REPO / "src" / "bert_suite" / name, before / name)
+    (before / "__init__.py").write_text("")
+    out = tmp_path / "out"
+    proc = subprocess.run(["bash", str(REPO / "benchmarks" / "gpu_check.sh"), "--device", "cpu", "--quick",
+                           "--bundle", str(bundle), "--out", str(out)], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHON": sys.executable}, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    files = [p for p in out.rglob("*") if p.is_file()]
+    assert sorted(p.name for p in files) == ["gpu_check.json", "gpu_check.log", "summary.md"]
+    record = json.loads((out / "gpu_check.json").read_text())
+    assert record["status"].keys() == {"pretrain-tiny", "finetune", "correctness", "recipe"}
+    assert all(state.startswith("ok") for state in record["status"].values()), record["status"]
+    rows = {r["variant"]: r for r in record["pretrain-tiny-32"]["rows"]}
+    assert set(rows) == {"stock", "before", "eager", "graph"} and rows["stock"]["vs_stock"] == pytest.approx(1.0)
     assert all(r["tokens_per_s"] > 0 and r["mfu"] > 0 for r in rows.values())
+    assert record["finetune"]["tasks"]["rte"]["train"]["ratio_by_precision"]["fp32"] > 0
+    assert [r["head"] for r in record["correctness"]["rows"]] == ["Model", "ForPreTraining"]
+    assert record["recipe"]["uninterrupted"]["exit"] == 0 and record["recipe"]["tokens_per_second"] > 0
+    summary = (out / "summary.md").read_text()
+    assert "| base at 128: MFU >= 0.45 | not measured | - |" in summary and "## Pre-training step" in summary
+    bad = subprocess.run(["bash", str(REPO / "benchmarks" / "gpu_check.sh"), "--devise", "cpu"], capture_output=True,
+                         text=True)
+    assert bad.returncode == 2 and "unknown option --devise" in bad.stderr
+
+
+def test_batch_benchmark_skips_without_data(tmp_path, capsys):
+    import pretrain_batches
+
+    with pytest.raises(SystemExit) as exit_info:
+        pretrain_batches.main(["--data", str(tmp_path / "nowhere")])
+    assert exit_info.value.code == 0 and "nowhere" in capsys.readouterr().out
 
 
 def test_gpu_batches_have_a_fixed_number_of_masks_inside_the_sequence():

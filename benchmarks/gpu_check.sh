@@ -1,0 +1,125 @@
+#!/usr/bin/env bash
+# Command (on a GPU machine, in the repository root, with the tree and .gpu-bundle/ copied there):
+#   bash benchmarks/gpu_check.sh                 (= make gpu-check; results in $OUT, default runs/gpu-check/)
+#   bash benchmarks/gpu_check.sh --device cpu --quick --bundle DIR --out DIR   (every step at toy size: a test)
+#   bash benchmarks/gpu_check.sh --only pretrain-base-128,recipe               (some steps; names as below)
+#
+# Everything the project measures on a GPU, in one command that fits a short lease (8 minutes by default):
+#   install      the bundle's wheels (`make gpu-bundle`) into a private folder, when the machine lacks them
+#   pretrain     the pre-training step (benchmarks/gpu_pretrain_step.py): base at 128 (with an earlier
+#                bert_suite when the bundle holds one, the host-sync check and a profile), tiny and mini at 128
+#                (every form, CUDA graphs included, and captured-vs-uncaptured losses), base at 512
+#   finetune     fine-tuning speed, base on RTE in bf16, ours against the stock recipe (finetune_speed.py)
+#   correctness  every head against stock on the device (gpu_correctness.py)
+#   recipe       the recipe itself on a bundled corpus, killed and resumed (gpu_recipe_check.py)
+#   summary      gpu_check.json (every step's result) and summary.md (tables, goals) from the parts
+# Each step runs under its own time limit and what is left of the budget, so one slow or failing step
+# cannot sink the rest; the order puts the measurements the goals need first. At most 8 files come out.
+set -uo pipefail
+
+DEVICE=cuda QUICK=0 BUNDLE=.gpu-bundle OUTDIR=${OUT:-runs/gpu-check} BUDGET=480 ONLY=""
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --device) DEVICE=$2; shift 2 ;;
+        --quick) QUICK=1; shift ;;
+        --bundle) BUNDLE=$2; shift 2 ;;
+        --out) OUTDIR=$2; shift 2 ;;
+        --budget) BUDGET=$2; shift 2 ;;
+        --only) ONLY=",$2,"; shift 2 ;;
+        -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+        *) echo "gpu_check: unknown option $1 (expected --device, --quick, --bundle, --out, --budget, --only)" >&2
+           exit 2 ;;
+    esac
+done
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+PARTS=$OUTDIR/parts
+rm -rf "$PARTS" && mkdir -p "$PARTS"
+rm -f "$OUTDIR/gpu_check.json" "$OUTDIR/summary.md"
+LOG=$OUTDIR/gpu_check.log
+: > "$LOG"
+START=$(date +%s)
+export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 \
+    HF_EVALUATE_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
+STATUS=()
+
+step() {  # step NAME LIMIT command...: within LIMIT seconds and the budget left; never stops the script
+    local name=$1 limit=$2
+    shift 2
+    if [ -n "$ONLY" ] && [ "$name" != install ] && [[ "$ONLY" != *",$name,"* ]]; then return; fi
+    local left=$((BUDGET - ($(date +%s) - START) - 15))  # 15 s kept for the summary
+    ((limit > left)) && limit=$left
+    if ((limit < 10)); then
+        STATUS+=("$name=skipped: budget spent")
+        echo "== $name: skipped (budget spent)" | tee -a "$LOG"
+        return
+    fi
+    echo "== $name (limit ${limit}s): $*" | tee -a "$LOG"
+    local t0 rc
+    t0=$(date +%s)
+    timeout --kill-after=5 "$limit" "$@" 2>&1 | tee -a "$LOG"
+    rc=${PIPESTATUS[0]}
+    local took=$(($(date +%s) - t0)) state
+    case $rc in
+        0) state=ok ;;
+        124 | 137) state="timed out" ;;
+        *) state="failed (exit $rc)" ;;
+    esac
+    STATUS+=("$name=$state in ${took}s")
+    echo "== $name: $state in ${took}s" | tee -a "$LOG"
+}
+
+# --- install: what the machine lacks, from the bundle (no network there)
+PIN=$(grep -i '^transformers==' constraints.txt | cut -d= -f3)
+if ! $PY -c "import datasets, evaluate, seqeval, transformers as t; assert t.__version__ == '$PIN'" 2>/dev/null; then
+    SITE=${SITE:-/tmp/bert-suite-site}
+    if ls "$BUNDLE"/wheels/*.whl >/dev/null 2>&1; then
+        step install 120 $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+            --target "$SITE" "$BUNDLE"/wheels/*.whl
+        export PYTHONPATH="$PWD/src:$SITE${PYTHONPATH#"$PWD/src"}"
+    else
+        echo "== install: $BUNDLE/wheels has no wheels and this Python lacks datasets/evaluate/seqeval or" \
+            "transformers $PIN: run make gpu-bundle where pip works, and copy .gpu-bundle/ here" | tee -a "$LOG"
+    fi
+fi
+$PY -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), \
+torch.cuda.get_device_name() if torch.cuda.is_available() else '')" 2>&1 | tee -a "$LOG"
+
+BEFORE=()
+[ -d "$BUNDLE/before/bert_suite_before" ] && BEFORE=(--before "$BUNDLE/before")
+PRE=(benchmarks/gpu_pretrain_step.py --device "$DEVICE")
+if ((QUICK)); then  # toy sizes, fp32, no compilation (minutes of code generation on a small CPU)
+    PRE+=(--dtype fp32 --steps 1 --repeats 1 --tokens 128)
+    step pretrain-tiny 120 $PY "${PRE[@]}" --preset tiny --seq_len 32 --variants stock ${BEFORE:+before} eager graph \
+        "${BEFORE[@]}" --out "$PARTS/pretrain-tiny-32.json"
+    step finetune 120 $PY benchmarks/finetune_speed.py --data "$BUNDLE/data" --preset tiny --tasks rte --limit 32 \
+        --repeats 1 --precisions fp32 --no-memory --out gpu-check-finetune
+    FT=runs/bench/gpu-check-finetune.json
+    step correctness 120 $PY benchmarks/gpu_correctness.py --device "$DEVICE" --quick --out "$PARTS/correctness.json"
+    step recipe 120 $PY benchmarks/gpu_recipe_check.py --data "$BUNDLE/data" --device "$DEVICE" --quick \
+        --out "$PARTS/recipe.json"
+else
+    step pretrain-base-128 110 $PY "${PRE[@]}" --preset base --seq_len 128 --check --profile "${BEFORE[@]}" \
+        --variants stock ${BEFORE:+before} eager compiled compiled+graph --out "$PARTS/pretrain-base-128.json"
+    step pretrain-tiny-128 70 $PY "${PRE[@]}" --preset tiny --seq_len 128 --check --check_graph --profile \
+        "${BEFORE[@]}" --out "$PARTS/pretrain-tiny-128.json"
+    step pretrain-mini-128 70 $PY "${PRE[@]}" --preset mini --seq_len 128 --check --check_graph "${BEFORE[@]}" \
+        --out "$PARTS/pretrain-mini-128.json"
+    step pretrain-base-512 80 $PY "${PRE[@]}" --preset base --seq_len 512 --variants stock eager compiled \
+        compiled+graph --out "$PARTS/pretrain-base-512.json"
+    step finetune 100 $PY benchmarks/finetune_speed.py --data "$BUNDLE/data" --preset base --tasks rte \
+        --repeats 2 --precisions bf16 --no-memory --out gpu-check-finetune
+    FT=runs/bench/gpu-check-finetune.json
+    step correctness 90 $PY benchmarks/gpu_correctness.py --device "$DEVICE" --out "$PARTS/correctness.json"
+    step recipe 150 $PY benchmarks/gpu_recipe_check.py --data "$BUNDLE/data" --device "$DEVICE" --steps 120 \
+        --kill_at 80 --out "$PARTS/recipe.json"
+    step pretrain-base-128-b256 60 $PY "${PRE[@]}" --preset base --seq_len 128 --tokens 32768 \
+        --variants stock compiled+graph --out "$PARTS/pretrain-base-128-b256.json"
+fi
+[ -f "$FT" ] && cp "$FT" "$PARTS/finetune.json"
+
+# --- summary: one JSON and one Markdown file from the parts (the parts stay if this fails)
+timeout 60 $PY benchmarks/gpu_check_summary.py --parts "$PARTS" --out "$OUTDIR" --status "${STATUS[@]}" 2>&1 |
+    tee -a "$LOG"
+if [ "${PIPESTATUS[0]}" = 0 ]; then rm -rf "$PARTS"; fi
+echo "gpu_check: $(($(date +%s) - START)) s; results in $OUTDIR" | tee -a "$LOG"
