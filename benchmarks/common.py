@@ -146,11 +146,13 @@ def max_rss_mib() -> float:
 
 
 def write_result(name: str, payload: dict) -> Path:
-    """runs/bench/<name>.json, written atomically (temporary file, then rename)."""
+    """runs/bench/<name>.json, or the file `name` names when it ends in .json, written atomically
+    (temporary file, then rename)."""
     from bert_suite.io import atomic_write_text
 
-    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-    return atomic_write_text(RESULTS_DIR / f"{name}.json", json.dumps(payload, indent=2, default=str) + "\n")
+    target = Path(name) if str(name).endswith(".json") else RESULTS_DIR / f"{name}.json"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    return atomic_write_text(target, json.dumps(payload, indent=2, default=str) + "\n")
 
 
 def table(rows: list[dict], columns: list[tuple[str, str]]) -> str:

@@ -84,7 +84,7 @@ def parse(argv) -> argparse.Namespace:
                    help="each side runs in each (bf16: TrainingArguments' bf16 autocast); default fp32 and bf16, "
                    "fp32 only with --quick on a CPU without native bf16 (make bench-full measures it there)")
     p.add_argument("--bf16", action="store_true", help="bf16 only (= --precisions bf16)")
-    p.add_argument("--out", default="finetune_speed", help="result name: runs/bench/NAME.json")
+    p.add_argument("--out", default="finetune_speed", help="result name: runs/bench/NAME.json (or a path.json)")
     p.add_argument("--memory-child", choices=SIDES, help=argparse.SUPPRESS)
     p.add_argument("--task", help=argparse.SUPPRESS)
     args = p.parse_args(argv)

@@ -93,8 +93,7 @@ if ((QUICK)); then  # toy sizes, fp32, no compilation (minutes of code generatio
     step pretrain-tiny 120 $PY "${PRE[@]}" --preset tiny --seq_len 32 --variants stock ${BEFORE:+before} eager graph \
         "${BEFORE[@]}" --out "$PARTS/pretrain-tiny-32.json"
     step finetune 120 $PY benchmarks/finetune_speed.py --data "$BUNDLE/data" --preset tiny --tasks rte --limit 32 \
-        --repeats 1 --precisions fp32 --no-memory --out gpu-check-finetune
-    FT=runs/bench/gpu-check-finetune.json
+        --repeats 1 --precisions fp32 --no-memory --out "$PARTS/finetune.json"
     step correctness 120 $PY benchmarks/gpu_correctness.py --device "$DEVICE" --quick --out "$PARTS/correctness.json"
     step recipe 120 $PY benchmarks/gpu_recipe_check.py --data "$BUNDLE/data" --device "$DEVICE" --quick \
         --out "$PARTS/recipe.json"
@@ -108,15 +107,13 @@ else
     step pretrain-base-512 80 $PY "${PRE[@]}" --preset base --seq_len 512 --variants stock eager compiled \
         compiled+graph --out "$PARTS/pretrain-base-512.json"
     step finetune 100 $PY benchmarks/finetune_speed.py --data "$BUNDLE/data" --preset base --tasks rte \
-        --repeats 2 --precisions bf16 --no-memory --out gpu-check-finetune
-    FT=runs/bench/gpu-check-finetune.json
+        --repeats 3 --precisions bf16 --no-memory --out "$PARTS/finetune.json"
     step correctness 90 $PY benchmarks/gpu_correctness.py --device "$DEVICE" --out "$PARTS/correctness.json"
     step recipe 150 $PY benchmarks/gpu_recipe_check.py --data "$BUNDLE/data" --device "$DEVICE" --steps 120 \
         --kill_at 80 --out "$PARTS/recipe.json"
     step pretrain-base-128-b256 60 $PY "${PRE[@]}" --preset base --seq_len 128 --tokens 32768 \
         --variants stock compiled+graph --out "$PARTS/pretrain-base-128-b256.json"
 fi
-[ -f "$FT" ] && cp "$FT" "$PARTS/finetune.json"
 
 # --- summary: one JSON and one Markdown file from the parts (the parts stay if this fails)
 timeout 60 $PY benchmarks/gpu_check_summary.py --parts "$PARTS" --out "$OUTDIR" --status "${STATUS[@]}" 2>&1 |

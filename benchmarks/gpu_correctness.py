@@ -1,12 +1,13 @@
 # Command (on a GPU machine): python benchmarks/gpu_correctness.py [--out FILE]   (--device cpu --quick: a test's run)
 """Every head against stock transformers BERT on a CUDA device: fp32 parity, bf16-autocast
-parity (each side under the same autocast), the unpadded path, torch.compile(fullgraph) and
-torch.export with a mask, and which SDPA kernels ran for padded and unpadded batches.
+parity (each side under the same autocast), torch.compile(fullgraph) and torch.export with a mask,
+and which SDPA kernels ran under bf16 for padded, all-ones-mask and unmasked batches.
 
 Same weights on both sides (stock saved, ours loaded from it); dropout off; batches of 8 x 128
-with lengths in [24, 128] (padded) or all 128 (unpadded). Per-token outputs are compared at real
-tokens only (our unpadded path leaves zeros at padding positions). Result:
-runs/bench/gpu_correctness.json and a table.
+with lengths in [24, 128] (padded) or all 128 (full). On a GPU the model takes the padded path by
+default (deciding to unpad reads the mask, a host sync); per-token outputs are compared at real
+tokens only (the CPU's unpadded path leaves zeros at padding positions). Result:
+runs/bench/gpu_correctness.json (or --out) and a table.
 """
 
 from __future__ import annotations

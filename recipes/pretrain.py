@@ -14,6 +14,10 @@ On N processes each takes 1/N of every global batch (`StepBatches`), draws the s
 process would, and divides its summed MLM loss by the global batch's number of masked tokens
 (all processes, all micro-batches), so the gradient is that of one process with the whole batch:
 with dropout off, the same losses on any number of processes, up to float rounding.
+
+The batches come from bert_suite/pretraining/loader.py, the step from bert_suite/pretraining/step.py: on a CUDA
+device static (no host sync), compiled and captured as one CUDA graph by default (`static_shapes`,
+`torch_compile`, `cuda_graph`), on the CPU the eager path that drops padding itself.
 """
 
 from __future__ import annotations
@@ -49,41 +53,26 @@ from bert_suite.pretraining.checkpoints import (
 )
 from bert_suite.pretraining.config import load_pretrain_config
 from bert_suite.pretraining.instances import find_parts, load_parts
-from bert_suite.pretraining.masking import MaskingCollator, example_keys
+from bert_suite.pretraining.loader import (  # noqa: F401  (StepBatches: the tests reach it through the recipe)
+    COLUMNS,
+    StepBatches,
+    as_features,
+    batches,
+    most_labels,
+    static_length,
+    step_masks,
+)
+from bert_suite.pretraining.masking import MaskingCollator
 from bert_suite.pretraining.step import (
     PretrainingStep,
     batch_stats,
     compile_regions,
     compiled_stats,
     keep_autocast_outputs,
-    resolve_switch,
+    step_form,
     to_device,
 )
 from bert_suite.tokenization import load_pretraining_tokenizer
-
-COLUMNS = ("input_ids", "token_type_ids", "next_sentence_label")
-
-
-class StepBatches(torch.utils.data.Sampler):
-    """(micro-step, index list) for steps start, start+1, ...: this process's share of each global batch.
-    Any step's batch is computable without replaying the ones before it (exact resume)."""
-
-    def __init__(self, size, batch_size, accumulation, seed, start, rank, world):
-        self.size, self.batch, self.accumulation, self.seed = size, batch_size, accumulation, seed
-        self.start, self.rank, self.world = start, rank, world
-        self.per_epoch = size // (batch_size * world * accumulation)  # whole steps: none straddles two epochs
-        if self.per_epoch < 1:
-            raise ValueError(f"{size} instances do not fill one global batch of {batch_size * world * accumulation}")
-
-    def __iter__(self):
-        micro = self.start * self.accumulation
-        while True:
-            step, part = divmod(micro, self.accumulation)
-            epoch, position = divmod(step, self.per_epoch)
-            order = torch.randperm(self.size, generator=torch.Generator().manual_seed(self.seed * 100_003 + epoch))
-            first = ((position * self.accumulation + part) * self.world + self.rank) * self.batch
-            yield micro, order[first: first + self.batch].tolist()
-            micro += 1
 
 
 def load_instances(path: str, max_positions: int, what: str) -> datasets.Dataset:
@@ -110,70 +99,6 @@ def load_instances(path: str, max_positions: int, what: str) -> datasets.Dataset
     if length and length > max_positions:
         raise SystemExit(f"{what} {path}: max_seq_length {length} exceeds the model's {max_positions} positions")
     return data
-
-
-def as_features(rows: dict) -> list[dict]:
-    """A datasets slice (column -> values) as the list of examples a collator takes."""
-    return [dict(zip(rows, values, strict=True)) for values in zip(*rows.values(), strict=True)]
-
-
-class Batches(torch.utils.data.Dataset):
-    """The micro-batch of a (micro-step, indices) key, made where the loader runs (in its worker processes
-    with dataloader_num_workers > 0, beside the GPU's step): padded, masked (a function of the run's seed,
-    the global step and the rows' places in its global batch), counted (masked positions and real tokens,
-    so that the step never reads them on the device) and, for a static step, in its static form."""
-
-    def __init__(self, data, collator, cfg, first_step: int, rank: int, world: int, form):
-        self.table = data.select_columns([c for c in (*COLUMNS, "labels") if c in data.column_names])
-        self.collator, self.cfg, self.first_step, self.rank, self.world, self.form = \
-            collator, cfg, first_step, rank, world, form
-
-    def __getitem__(self, key):
-        micro, indices = key
-        step, part = divmod(micro, self.cfg.gradient_accumulation_steps)
-        batch = self.collator.pad(as_features(self.table[indices]))
-        first = (part * self.world + self.rank) * len(indices)
-        batch = step_masks(self.collator, batch, self.cfg.seed, self.first_step + step, first,
-                           self.cfg.causal_attention)
-        counts = int((batch["labels"] != -100).sum()), int(batch["attention_mask"].sum())
-        return (self.collator.static(batch, *self.form) if self.form else batch), counts
-
-
-def _as_is(item):
-    return item
-
-
-def batches(data, collator, cfg, phase, start, accelerator, batch_size, form, workers):
-    """(batch, (masked, real tokens)) for each micro-step from phase step `start` on."""
-    sampler = StepBatches(len(data), batch_size, cfg.gradient_accumulation_steps, cfg.seed + 7919 * phase,
-                          start, accelerator.process_index, accelerator.num_processes)
-    made = Batches(data, collator, cfg, 0 if phase == 0 else cfg.phase1_steps, accelerator.process_index,
-                   accelerator.num_processes, form)
-    # Its own generator: creating an iterator must not draw from the global RNG (dropout's), or a
-    # resumed run, which creates it at a different step, would see different dropout masks.
-    loader = torch.utils.data.DataLoader(made, sampler=sampler, batch_size=None, collate_fn=_as_is,
-                                         num_workers=workers, pin_memory=accelerator.device.type == "cuda",
-                                         generator=torch.Generator())
-    return iter(loader)
-
-
-def static_length(data) -> int:
-    """The longest instance of a phase's data (its static length): read off the Arrow column, no Python loop."""
-    import pyarrow.compute as pc
-
-    return int(pc.max(pc.list_value_length(data.data.column("input_ids"))).as_py())
-
-
-def step_masks(collator, batch, seed, step, first, causal=False):
-    """Labels for a batch whose rows sit at places first, first+1, ... of the step's global batch."""
-    if causal:  # the paper's LTR model is a left-to-right LM: predict token i+1 at i, nothing masked
-        labels = torch.full_like(batch["input_ids"], -100)
-        labels[:, :-1] = batch["input_ids"][:, 1:].masked_fill(batch["attention_mask"][:, 1:] == 0, -100)
-        return {**batch, "labels": labels}
-    if "labels" in batch:  # static masks from pretrain-data
-        return batch
-    offsets = first + torch.arange(len(batch["input_ids"]))
-    return collator.mask(batch, keys=example_keys(seed, step, offsets))
 
 
 def summarise(totals: dict) -> dict:
@@ -307,12 +232,11 @@ def main(argv=None):
                                                                   cfg.max_predictions_per_seq_phase2)]
     # The step's form (bert_suite/pretraining/step.py): static, compiled and graph-captured on CUDA by default
     device = accelerator.device.type
-    compiled = resolve_switch(cfg.torch_compile, device)
-    graph = resolve_switch(cfg.cuda_graph, device) and (cfg.cuda_graph is True or accelerator.num_processes == 1)
-    if graph and (device != "cuda" or accelerator.num_processes != 1):
-        raise SystemExit(f"pretrain: error: cuda_graph=true needs one process on a CUDA device (this run: "
-                         f"{accelerator.num_processes} on {device}); set cuda_graph=auto or false")
-    static = resolve_switch(cfg.static_shapes, device) or compiled or graph
+    try:
+        static, compiled, graph = step_form(cfg.static_shapes, cfg.torch_compile, cfg.cuda_graph, device,
+                                            accelerator.num_processes, accelerator.mixed_precision)
+    except ValueError as err:
+        raise SystemExit(f"pretrain: error: {err}") from None
     # auto: batches made beside a GPU's step by worker processes; on the CPU they would take its cores from the step
     workers = cfg.dataloader_num_workers if cfg.dataloader_num_workers != "auto" else \
         0 if device == "cpu" else min(4, (os.cpu_count() or 2) // 2)
@@ -320,6 +244,14 @@ def main(argv=None):
     forms = [(static_length(data), None if cfg.causal_attention else c.max_predictions_per_seq)
              for data, c in zip([*phase_data, eval_data], [*collators[:len(phase_data)], collators[0]], strict=True)
              if data is not None] if static else [None] * 3
+    if static and not cfg.causal_attention:  # masks made offline (a labels column) must fit the static form
+        for (path, key), data, (_, cap) in zip((("train_data", "max_predictions_per_seq"),
+                                                ("train_data_phase2", "max_predictions_per_seq_phase2")),
+                                               phase_data, forms, strict=False):
+            most = most_labels(data)
+            if most > cap:
+                raise SystemExit(f"pretrain: error: {path} {getattr(cfg, path)}: an instance has {most} masked "
+                                 f"positions, more than {key} ({cap}); raise {key} to at least {most}")
     eval_form = forms[-1] if static and eval_data is not None else None
 
     no_decay = ("bias", "LayerNorm.weight", "LayerNorm.bias")  # the paper: no weight decay on these
@@ -397,12 +329,12 @@ def main(argv=None):
         # a log line at every logging step and at every evaluation (eval_steps need not be a multiple of logging_steps)
         evaluate_now = eval_data is not None and (step % cfg.eval_steps == 0 or step == cfg.max_steps)
         if step % cfg.logging_steps == 0 or step == cfg.max_steps or evaluate_now:
-            elapsed = time.time() - started
             totals = all_processes({**stepper.take_totals(), "tokens": torch.tensor(float(tokens))}, accelerator)
             tokens = totals.pop("tokens")
-            logs = {**summarise(totals), "grad_norm": float(stepper.grad_norm),
-                    "learning_rate": float(scheduler.get_last_lr()[0]), "phase": phase + 1,
-                    "tokens_per_second": float(tokens) / max(elapsed, 1e-9), "step": step}
+            summary, grad_norm = summarise(totals), float(stepper.grad_norm)
+            elapsed = time.time() - started  # after those reads, which wait for the device (it may lag the host)
+            logs = {**summary, "grad_norm": grad_norm, "learning_rate": float(scheduler.get_last_lr()[0]),
+                    "phase": phase + 1, "tokens_per_second": float(tokens) / max(elapsed, 1e-9), "step": step}
             tokens, started = 0, time.time()
             if evaluate_now:
                 logs.update(evaluate(model, eval_data, collators[0], cfg, accelerator, stepper, eval_form))

@@ -255,17 +255,19 @@ def recipe_args(setup: Path, out: Path, *extra: str) -> list[str]:
 def killed_and_resumed(recipe, args: list[str], whole: Path, killed: Path, monkeypatch, die_at: int = 9):
     """Run the recipe `args` (output in `whole`) uninterrupted, then again in `killed`, killed while masking
     step `die_at` + 1 (after a checkpoint) and resumed with the same command: (uninterrupted, resumed) histories."""
+    from bert_suite.pretraining import loader  # where the batches are masked (in the DataLoader)
+
     fresh_state()
     history = recipe.main(args)
     again = [a.replace(str(whole), str(killed)) for a in args]
-    real = recipe.step_masks
+    real = loader.step_masks
 
     def dies(collator, batch, seed, step, first, causal=False):
         if step == die_at:
             raise KeyboardInterrupt
         return real(collator, batch, seed, step, first, causal)
 
-    monkeypatch.setattr(recipe, "step_masks", dies)
+    monkeypatch.setattr(loader, "step_masks", dies)
     fresh_state()
     try:
         recipe.main(again)
@@ -273,7 +275,7 @@ def killed_and_resumed(recipe, args: list[str], whole: Path, killed: Path, monke
         pass
     else:
         raise AssertionError(f"the run was not killed at step {die_at + 1}")
-    monkeypatch.setattr(recipe, "step_masks", real)
+    monkeypatch.setattr(loader, "step_masks", real)
     fresh_state()
     return history, recipe.main(again)
 

@@ -163,31 +163,45 @@ def test_the_compiled_static_loss_equals_the_eager_paths_in_fp32(backend):
     for batch in batches:
         eager = model(**batch, masked_positions_only=True)  # the CPU path: unpadded, boolean indexing
         static = compiled(**collator.static(batch, 24, 4), unpad=False)
-        assert abs(float(static.loss) - float(eager.loss)) < 1e-5
+        assert abs(float(static.loss.detach()) - float(eager.loss.detach())) < 1e-5
         stats = batch_stats(static, collator.static(batch, 24, 4))
         assert abs(float(stats["mlm_loss"] / stats["mlm_count"]) - float(eager.loss) + float(
             torch.nn.functional.cross_entropy(eager.seq_relationship_logits, batch["next_sentence_label"]))) < 1e-5
 
 
 def test_the_graph_body_trains_as_the_eager_step_with_accumulation():
-    """The CUDA-graph step's body, run on the CPU over its static buffers: its bookkeeping (gradients zeroed
-    in the body, the optimizer's state made by a zero-rate step, the divisions by the micro-batches, the
-    statistics' totals) gives the eager step's weights and statistics after three steps."""
+    """The CUDA-graph step's body, run on the CPU over its static buffers, with dropout, a learning-rate
+    schedule and two batch structures (a step whose micro-batches have no padding has no attention mask: a
+    second capture): its bookkeeping (gradients zeroed in the body, the optimizer's state made by a zero-rate
+    step, the divisions by the micro-batches, the random state put back after the warm-up, the learning rate
+    and norm buffers shared by both captures, the statistics' totals) gives the eager step's weights and
+    statistics after four steps."""
     from accelerate import Accelerator
+    from transformers import get_linear_schedule_with_warmup
 
     collator, batches = masked_batches(6)
-    static = [collator.static(b, 24, 4) for b in batches]
+    _, full = masked_batches(2, seed=1, pad=False)
+    static = [collator.static(b, 24, 4) for b in [*batches, *full]]
+    assert "attention_mask" not in static[6] and "attention_mask" in static[0]
     results = []
     for graph in (False, True):
         fresh_state()
+        torch.manual_seed(5)
         accelerator = Accelerator(cpu=True, gradient_accumulation_steps=2)
-        model = tiny_model()
+        model = tiny_model(dropout=0.1)
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01, fused=True)
         model, optimizer = accelerator.prepare(model, optimizer)
+        scheduler = get_linear_schedule_with_warmup(optimizer.optimizer, 1, 10)  # torch's, as the recipe's
         step = PretrainingStep(accelerator, model, optimizer, 0.5, static=True, graph=graph)
-        for first in (0, 2, 4):
+        for first in (0, 6, 2, 4):  # the unpadded structure second
             step(static[first:first + 2], torch.tensor(10.0))
+            scheduler.step()
+            if graph and first == 0:
+                lr, norm = optimizer.optimizer.param_groups[0]["lr"], step.grad_norm
         results.append((copy.deepcopy(model.state_dict()), step.take_totals(), float(step.grad_norm)))
+    assert len(step.captured) == 2  # one per structure, sharing the learning rate and the norm's buffer
+    assert optimizer.optimizer.param_groups[0]["lr"] is lr and step.grad_norm is norm
+    assert float(lr) == pytest.approx(scheduler.get_last_lr()[0])  # filled in place by the scheduler
     (eager_weights, eager_totals, eager_norm), (graph_weights, graph_totals, graph_norm) = results
     for name, value in eager_weights.items():
         torch.testing.assert_close(graph_weights[name], value, atol=1e-6, rtol=1e-5, msg=name)
@@ -197,6 +211,20 @@ def test_the_graph_body_trains_as_the_eager_step_with_accumulation():
     assert graph_norm == pytest.approx(eager_norm, rel=1e-5)
     with pytest.raises(ValueError, match="static batches and one process"):
         PretrainingStep(accelerator, model, optimizer, 1.0, static=False, graph=True)
+
+
+def test_the_step_form_resolves_auto_per_device_and_refuses_what_cannot_run():
+    from bert_suite.pretraining.step import step_form
+
+    assert step_form("auto", "auto", "auto", "cpu", 1, "no") == (False, False, False)
+    assert step_form("auto", "auto", "auto", "cuda", 1, "bf16") == (True, True, True)
+    assert step_form("auto", "auto", "auto", "cuda", 8, "bf16") == (True, True, False)  # DDP: no graph
+    assert step_form("auto", "auto", "auto", "cuda", 1, "fp16") == (True, True, False)  # loss scaling: no graph
+    assert step_form(False, "auto", "auto", "cuda", 1, "bf16") == (False, False, False)  # static off: auto forms off
+    assert step_form("auto", True, "auto", "cpu", 1, "no") == (True, True, False)  # compiling needs static shapes
+    for args in ((True, "cpu", 1, "no"), (True, "cuda", 2, "bf16"), (True, "cuda", 1, "fp16")):
+        with pytest.raises(ValueError, match="cuda_graph=true needs one process on a CUDA device without fp16"):
+            step_form("auto", "auto", *args)
 
 
 def test_bf16_outputs_keep_autocast_without_the_fp32_copy():
@@ -256,6 +284,30 @@ def test_recipe_static_step_on_the_cpu_trains_as_the_eager_one(pretrain_setup, t
     fresh_state()
     with pytest.raises(SystemExit, match="cuda_graph=true needs one process on a CUDA device"):
         recipe.main(recipe_args(pretrain_setup, tmp_path / "graph", "max_steps=2", "cuda_graph=true"))
+
+
+def test_offline_masks_beyond_the_static_cap_are_refused_before_training(pretrain_setup, tmp_path):
+    """Instances masked by `pretrain-data --static_masking` carry their labels; the static form holds at most
+    max_predictions_per_seq of them a row, so more is one line naming the data and the key, before a step."""
+    from bert_suite.pretraining.instances import build_pretraining_dataset
+    from bert_suite.pretraining.loader import most_labels
+
+    build_pretraining_dataset([str(pretrain_setup / "corpus.txt")], str(pretrain_setup / "vocab.txt"),
+                              str(tmp_path / "masked"), max_seq_length=32, static_masking=True,
+                              max_predictions_per_seq=5, fmt="lines")
+    import datasets
+
+    data = datasets.load_from_disk(str(tmp_path / "masked"))
+    counts = [sum(label != -100 for label in row) for row in data["labels"]]
+    assert most_labels(data) == max(counts) and 1 <= max(counts) <= 5
+    assert most_labels(data.select_columns(["input_ids"])) == 0  # dynamic masks: nothing to check
+    recipe = load_recipe()
+    fresh_state()
+    with pytest.raises(SystemExit, match=rf"train_data {tmp_path / 'masked'}: an instance has {max(counts)} masked "
+                                         rf"positions, more than max_predictions_per_seq \(1\)"):
+        recipe.main(recipe_args(pretrain_setup, tmp_path / "run", "max_steps=2", "static_shapes=true",
+                                f"train_data={tmp_path / 'masked'}", "train_data_phase2=null", "phase1_fraction=1",
+                                "max_predictions_per_seq=1"))
 
 
 def test_a_schedule_over_a_device_learning_rate_is_saved_as_numbers():

@@ -633,9 +633,10 @@ class BertSuiteModel(BertSuitePreTrainedModel):
     ):
         """`unpad` (default: `config.unpad_inputs` on the CPU, False on an accelerator): see
         `BertSuiteConfig`; it applies to padded batches with a (batch, seq) attention mask, not when
-        attentions are returned and not under torch.compile / torch.export. It is also what lets the
-        model drop an all-ones mask. With `unpad` False the forward reads no tensor value: no host sync,
-        the same shapes for every batch of one size (what a compiled or graph-captured step needs)."""
+        attentions are returned and not under torch.compile / torch.export. By default the model also
+        drops an all-ones mask on the CPU (reading the mask there costs nothing). With `unpad=False` the
+        forward reads no tensor value on any device: no host sync, the same shapes for every batch of one
+        size (what a compiled or graph-captured step needs); with `unpad=True` it reads them on any device."""
         _refuse_decoder_inputs(encoder_hidden_states, encoder_attention_mask, past_key_values, use_cache)
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("pass exactly one of input_ids or inputs_embeds")
@@ -654,13 +655,14 @@ class BertSuiteModel(BertSuitePreTrainedModel):
         # them only where `unpad` allows it, by default on the CPU alone; elsewhere the data pipeline
         # decides (no attention_mask for a batch without padding).
         device = (input_ids if input_ids is not None else inputs_embeds).device
-        if unpad is None:
-            unpad = self.config.unpad_inputs and device.type == "cpu"
-        reads_values = unpad and not _tracing() and attention_mask is not None and attention_mask.dim() == 2
+        cpu = device.type == "cpu"
+        reads_values = cpu if unpad is None else unpad
+        unpad = self.config.unpad_inputs and cpu if unpad is None else unpad
+        reads_values = reads_values and not _tracing() and attention_mask is not None and attention_mask.dim() == 2
         if reads_values and bool(attention_mask.all()):
             attention_mask = None  # nothing to mask: no bias, so SDPA adds no (batch, heads, q, k) term
         layout = None
-        if reads_values and attention_mask is not None and not output_attentions:
+        if reads_values and unpad and attention_mask is not None and not output_attentions:
             layout = Unpadded.from_mask(attention_mask)
         if layout is None:
             hidden = self.embeddings(input_ids, token_type_ids, position_ids, inputs_embeds)
@@ -963,7 +965,11 @@ class BertSuiteForQuestionAnswering(BertSuitePreTrainedModel):
         return_dict=None,
     ):
         # The stock loss includes the logits at padding positions, computed from the padding
-        # tokens: keep the padded computation so that training is the stock one.
+        # tokens: keep the padded computation so that training is the stock one. An all-ones mask
+        # changes nothing and is dropped, on the CPU, where reading it costs nothing (as the encoder does).
+        if (attention_mask is not None and attention_mask.dim() == 2 and attention_mask.device.type == "cpu"
+                and not _tracing() and bool(attention_mask.all())):
+            attention_mask = None
         enc = self._encode(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
                            output_attentions, output_hidden_states, unpad=False)
         start_logits, end_logits = scores_in_fp32(self.qa_outputs, enc.last_hidden_state).unbind(-1)

@@ -38,6 +38,22 @@ def resolve_switch(value, device_type: str) -> bool:
     return device_type == "cuda" if value == "auto" else bool(value)
 
 
+def step_form(static_shapes, torch_compile, cuda_graph, device_type: str, processes: int,
+              mixed_precision: str) -> tuple[bool, bool, bool]:
+    """The recipe's three switches (each auto, True or False) resolved for a run: (static, compiled, graph).
+    auto is on for a CUDA device; static_shapes=False turns off the auto forms that need static shapes; the
+    graph also needs one process and no fp16 (whose loss scaling skips steps from the host). ValueError when
+    cuda_graph=True cannot run (the config already refuses either switch true beside static_shapes false)."""
+    fp16 = mixed_precision == "fp16"
+    compiled = resolve_switch(torch_compile, device_type) and not (static_shapes is False and torch_compile == "auto")
+    graph = resolve_switch(cuda_graph, device_type) and (
+        cuda_graph is True or (processes == 1 and not fp16 and static_shapes is not False))
+    if graph and (device_type != "cuda" or processes != 1 or fp16):
+        raise ValueError(f"cuda_graph=true needs one process on a CUDA device without fp16 (this run: {processes} "
+                         f"on {device_type}, mixed precision {mixed_precision}); set cuda_graph=auto or false")
+    return resolve_switch(static_shapes, device_type) or compiled or graph, compiled, graph
+
+
 def compile_regions(model, backend: str = "inductor", **options) -> list[torch.nn.Module]:
     """Compile a pre-training model in place, region by region: the embeddings, each encoder layer and the
     heads with their loss (`model.cls`). The layers run the same code, so the first one's graph serves them
@@ -113,17 +129,22 @@ class PretrainingStep:
 
     static: batches in `MaskingCollator.static` form, the model told to read no tensor value.
     graph: capture the whole step (every micro-batch's forward and backward, clipping, the optimizer) in a
-        CUDA graph on its first call for each batch structure, and replay it: one launch a step. It needs
-        one process, a static batch, an optimizer made with `capturable=True` and, under autocast, no
-        autocast cache (accelerate's AutocastKwargs(cache_enabled=False)). On the CPU (tests) the same body
-        runs on the same static buffers without a graph. A capture that fails is logged and the step runs
-        without a graph.
+        CUDA graph on its first call for each batch structure (its keys and shapes: a batch without padding
+        has no attention mask, so a phase has two), and replay it: one launch a step. The graphs share the
+        learning rate (a device tensor the scheduler fills), the gradient and norm buffers and one memory pool.
+        It needs one process, a static batch, no fp16 loss scaling, an optimizer made with `capturable=True`
+        and, under autocast, no autocast cache (accelerate's AutocastKwargs(cache_enabled=False)). On the CPU
+        (tests) the same body runs on the same static buffers without a graph. A capture that fails is
+        logged and the step runs without a graph.
     """
 
     def __init__(self, accelerator, model, optimizer, max_grad_norm: float, static: bool, graph: bool = False,
                  stats_fn=batch_stats):
         if graph and (not static or accelerator.num_processes != 1):
             raise ValueError("a graph-captured step needs static batches and one process")
+        if graph and getattr(accelerator, "scaler", None) is not None:
+            raise ValueError("a graph-captured step cannot scale fp16 losses (accelerate's GradScaler skips steps "
+                             "on the host); use bf16 or cuda_graph=false")
         self.accelerator, self.model, self.optimizer = accelerator, model, optimizer
         self.max_grad_norm, self.static, self.graph = max_grad_norm, static, graph
         self.stats_fn = stats_fn
@@ -131,6 +152,17 @@ class PretrainingStep:
         self.totals: dict[str, torch.Tensor] = {}
         self.grad_norm = torch.tensor(float("nan"))
         self.captured: dict[tuple, _Captured] = {}
+        self.pool = None  # the first capture's memory pool, shared by the others (they never run at once)
+
+    def _graph_buffers(self, device) -> None:
+        """Once for every capture: the learning rate as a device tensor (the scheduler fills it in place) and
+        the norm's buffer. A second capture that made its own would leave the first reading freed memory."""
+        optimizer = getattr(self.optimizer, "optimizer", self.optimizer)
+        for group in optimizer.param_groups:
+            if not (torch.is_tensor(group["lr"]) and group["lr"].device == device):
+                group["lr"] = torch.tensor(float(group["lr"]), device=device)
+        if not (torch.is_tensor(self.grad_norm) and self.grad_norm.device == device):
+            self.grad_norm = torch.zeros((), device=device)
 
     def forward_kwargs(self) -> dict:
         # static: positions given (or, left-to-right, every position), no value read; the CPU path finds them itself
@@ -171,6 +203,7 @@ class PretrainingStep:
     def new_shapes(self) -> None:
         """Forget the captured graphs (a new phase: other lengths); their memory goes back to the allocator."""
         self.captured.clear()
+        self.pool = None
 
 
 class _Captured:
@@ -211,13 +244,11 @@ class _Captured:
         for p in owner.params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
-        if device.type == "cuda":
-            for group in optimizer.param_groups:
-                group["lr"] = torch.tensor(float(group["lr"]), device=device)
+        owner._graph_buffers(device)
         if not optimizer.state:
             saved = [group["lr"] for group in optimizer.param_groups]
             for group in optimizer.param_groups:
-                group["lr"] = group["lr"] * 0 if torch.is_tensor(group["lr"]) else 0.0
+                group["lr"] = group["lr"] * 0
             for p in owner.params:
                 p.grad.zero_()
             optimizer.step()
@@ -229,7 +260,6 @@ class _Captured:
                     step.zero_()
                 elif step is not None:
                     state["step"] = 0
-        owner.grad_norm = torch.zeros((), device=device)
         for key, value in self._body(warm_up=True).items():
             owner.totals.setdefault(key, torch.zeros_like(value))
 
@@ -240,9 +270,11 @@ class _Captured:
             self._prepare(device)
         torch.cuda.current_stream(device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        with torch.cuda.graph(graph, pool=self.owner.pool):
             self._body()
         self.graph = graph
+        if self.owner.pool is None:
+            self.owner.pool = graph.pool()
 
     def _body(self, warm_up: bool = False) -> dict[str, torch.Tensor]:
         """One step on the static buffers. warm_up: forward, backward and statistics only (no update)."""
@@ -288,9 +320,10 @@ class HostSyncError(RuntimeError):
 
 
 class NoHostSync(TorchDispatchMode):
-    """Refuses, while active, every operation that would make the host wait for an accelerator: use it
-    around a step to prove it sync-free on any device (the CPU included, where such reads cost nothing but
-    are the same operations). On CUDA, `torch.cuda.set_sync_debug_mode("error")` checks the real thing."""
+    """Refuses, while active, the operations that read a tensor's values on the host or give a shape that
+    depends on them: around a step on the CPU (where such reads cost nothing) it shows the step makes none of
+    the reads that would be host syncs on an accelerator. It does not see copies to the host (`.cpu()`),
+    which on the CPU are no copies; on CUDA, `torch.cuda.set_sync_debug_mode("error")` checks everything."""
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = func.overloadpacket.__name__
