@@ -143,7 +143,8 @@ gpu-bundle: install  ## .gpu-bundle/: what a bare GPU machine needs for make gpu
 	BEFORE=$(or $(BEFORE),4889d2e) PYTHON=$(BIN)/python bash benchmarks/gpu_bundle.sh
 
 gpu-check:  ## on a GPU machine: correctness and speed in 8 minutes (runs/gpu-check/)
-	OUT=$(or $(GPU_CHECK_OUT),runs/gpu-check) bash benchmarks/gpu_check.sh
+	OUT=$(or $(GPU_CHECK_OUT),runs/gpu-check) PYTHON=$(if $(wildcard $(BIN)/python),$(BIN)/python,python3) \
+		bash benchmarks/gpu_check.sh
 
 bench-full: install  ## the full benchmarks
 	$(OFFLINE) $(BIN)/python benchmarks/pretrain_step.py --profile

@@ -69,6 +69,15 @@ step() {  # step NAME LIMIT command...: within LIMIT seconds and the budget left
     echo "== $name: $state in ${took}s" | tee -a "$LOG"
 }
 
+if ! $PY -c "import torch" 2>/dev/null; then
+    echo "gpu_check: $PY cannot import torch (set PYTHON to the interpreter that has it)" | tee -a "$LOG" >&2
+    exit 2
+fi
+if [ "$DEVICE" = cuda ] && ! $PY -c "import torch, sys; sys.exit(not torch.cuda.is_available())"; then
+    echo "gpu_check: no CUDA device here (this is for a GPU machine); on a CPU, --device cpu --quick runs every" \
+        "step at toy size" | tee -a "$LOG" >&2
+    exit 2
+fi
 # --- install: what the machine lacks, from the bundle (no network there)
 PIN=$(grep -i '^transformers==' constraints.txt | cut -d= -f3)
 if ! $PY -c "import datasets, evaluate, seqeval, transformers as t; assert t.__version__ == '$PIN'" 2>/dev/null; then

@@ -62,12 +62,22 @@ def max_diff(a, b, fields, mask):
     return worst
 
 
+def bf16_is_fast(device: str) -> bool:
+    """bf16 on a GPU, or on a CPU that does it natively; elsewhere it is emulated at a small fraction of fp32's
+    speed (benchmarks/RESULTS.md, "bf16 on every CPU"), and the bf16 rows are left out."""
+    from bert_suite.precision import native_bf16_flag
+
+    return device != "cpu" or native_bf16_flag() is not None
+
+
 def sdpa_kernels(model, inputs) -> str:
-    """The attention kernels of a forward pass under bf16 autocast (flash attention takes half precision only)."""
+    """The attention kernels of a forward pass, under bf16 autocast where bf16 is fast (flash attention takes
+    half precision only)."""
     import torch
 
     device = next(model.parameters()).device.type
-    with torch.no_grad(), torch.autocast(device, dtype=torch.bfloat16), torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA,
+    with torch.no_grad(), torch.autocast(device, dtype=torch.bfloat16, enabled=bf16_is_fast(device)), \
+            torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA,
                                                              torch.profiler.ProfilerActivity.CPU]) as prof:
         model(**inputs)
     names = {e.key for e in prof.key_averages()}
@@ -96,8 +106,9 @@ def check(name, device, tmp, quick: bool = False) -> dict:
         tag = "padded" if padded else "full"
         with torch.no_grad():
             row[f"fp32 {tag}"] = max_diff(ours(**inputs), stock(**inputs), fields, mask)
-            with torch.autocast(device, dtype=torch.bfloat16):
-                row[f"bf16 {tag}"] = max_diff(ours(**inputs), stock(**inputs), fields, mask)
+            if bf16_is_fast(device):
+                with torch.autocast(device, dtype=torch.bfloat16):
+                    row[f"bf16 {tag}"] = max_diff(ours(**inputs), stock(**inputs), fields, mask)
         row[f"kernels {tag}"] = sdpa_kernels(ours, inputs)
     # what the pre-training pipeline sends a batch without padding: no mask at all (flash / cuDNN may run)
     row["kernels no mask"] = sdpa_kernels(ours, {k: v for k, v in batch(device, False, choices).items()

@@ -116,6 +116,20 @@ class Ours:
         return run
 
 
+def static_batches(config, args, count: int, device):
+    """`count` batches of make_batches on the CPU, the same in the recipe's static form on `device`, and the
+    MLM loss's divisor of one step (its masked positions)."""
+    import torch
+
+    from bert_suite.pretraining.masking import static_batch
+
+    cpu = make_batches(config, args.seq_len, max(1, args.tokens // args.seq_len), count, "cpu")
+    predictions = CAPS.get(args.seq_len, round(0.15 * args.seq_len))
+    static = [{k: v.to(device) for k, v in static_batch(b, args.seq_len, predictions).items()} for b in cpu]
+    masked = sum(int((b["labels"] != -100).sum()) for b in cpu)
+    return cpu, static, torch.full((), masked / count, device=device)
+
+
 def build(args, config, device):
     """name -> run() over the timed batches, errors by name, the recipe's step forms, the batches, masked count."""
     import torch
@@ -124,15 +138,10 @@ def build(args, config, device):
     from accelerate.utils import AutocastKwargs
 
     from bert_suite import BertSuiteForPreTraining
-    from bert_suite.pretraining.masking import static_batch
 
-    batch = max(1, args.tokens // args.seq_len)
-    predictions = CAPS.get(args.seq_len, round(0.15 * args.seq_len))
-    dynamic = make_batches(config, args.seq_len, batch, args.steps, device)
-    static = [static_batch({k: v.cpu() for k, v in b.items()}, args.seq_len, predictions) for b in dynamic]
-    static = [{k: v.to(device) for k, v in b.items()} for b in static]
-    masked = sum(int((b["labels"] != -100).sum()) for b in dynamic)
-    num_items = torch.full((), masked / len(dynamic), device=device)
+    cpu, static, num_items = static_batches(config, args, args.steps, device)
+    dynamic = [{k: v.to(device) for k, v in b.items()} for b in cpu]
+    masked = sum(int((b["labels"] != -100).sum()) for b in cpu)
     bf16 = args.dtype == "bf16"
     autocast = torch.autocast(device_type=str(device).split(":")[0], dtype=torch.bfloat16, enabled=bf16)
     accelerator = Accelerator(cpu=str(device) == "cpu", mixed_precision="bf16" if bf16 else "no",
@@ -170,10 +179,8 @@ def sync_check(step_form, config, args, device) -> str:
     from bert_suite.pretraining.masking import static_batch
     from bert_suite.pretraining.step import to_device
 
-    predictions = CAPS.get(args.seq_len, round(0.15 * args.seq_len))
-    (cpu,) = make_batches(config, args.seq_len, max(1, args.tokens // args.seq_len), 1, "cpu")
-    cpu = static_batch(cpu, args.seq_len, predictions)
-    num_items = torch.full((), float(int((cpu["labels"] != -100).sum())), device=device)
+    (cpu,), _, num_items = static_batches(config, args, 1, device)
+    cpu = static_batch(cpu, args.seq_len, CAPS.get(args.seq_len, round(0.15 * args.seq_len)))  # still on the CPU
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
@@ -193,33 +200,26 @@ def graph_equals_eager(config, args, device, compiled: bool) -> dict:
     from accelerate.utils import AutocastKwargs
 
     from bert_suite import BertSuiteForPreTraining
-    from bert_suite.pretraining.masking import static_batch
 
-    predictions = CAPS.get(args.seq_len, round(0.15 * args.seq_len))
-    batches = [static_batch(b, args.seq_len, predictions) for b in
-               make_batches(config, args.seq_len, max(1, args.tokens // args.seq_len), 3, "cpu")]
-    batches = [{k: v.to(device) for k, v in b.items()} for b in batches]
-    num_items = torch.full((), float(sum(int((b["labels"] != -100).sum()) for b in batches) / 3), device=device)
+    _, batches, num_items = static_batches(config, args, 3, device)
     accelerator = Accelerator(mixed_precision="bf16" if args.dtype == "bf16" else "no",
                               kwargs_handlers=[AutocastKwargs(cache_enabled=False)])
     torch.manual_seed(0)
     model = BertSuiteForPreTraining(config).to(device).train()
-    result = {}
+    losses, weights = {}, {}
     for variant in (("compiled", "compiled+graph") if compiled else ("eager", "graph")):
         form = Ours(variant, model, accelerator, device)
         torch.manual_seed(1)
         torch.cuda.manual_seed(1)
-        losses = []
+        losses[variant] = []
         for batch in batches:
             form.step([batch], num_items)
             totals = form.step.take_totals()
-            losses.append(float(totals["mlm_loss"] / totals["mlm_count"]))
-        result[variant] = losses
-        result[f"{variant} weights"] = form.model.bert.embeddings.word_embeddings.weight.detach().float().clone()
-    names = [k for k in result if not k.endswith("weights")]
-    weights = [result.pop(f"{n} weights") for n in names]
-    return {"losses": result, "max_loss_diff": max(abs(x - y) for x, y in zip(*result.values(), strict=True)),
-            "max_weight_diff": float((weights[0] - weights[1]).abs().max())}
+            losses[variant].append(float(totals["mlm_loss"] / totals["mlm_count"]))
+        weights[variant] = form.model.bert.embeddings.word_embeddings.weight.detach().float().clone()
+    first, second = weights.values()
+    return {"losses": losses, "max_loss_diff": max(abs(x - y) for x, y in zip(*losses.values(), strict=True)),
+            "max_weight_diff": float((first - second).abs().max())}
 
 
 # GPU kernels by kind, first match on the lower-cased kernel name

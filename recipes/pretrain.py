@@ -65,6 +65,7 @@ from bert_suite.pretraining.loader import (  # noqa: F401  (StepBatches: the tes
 from bert_suite.pretraining.masking import MaskingCollator
 from bert_suite.pretraining.step import (
     PretrainingStep,
+    add_stats,
     batch_stats,
     compile_regions,
     compiled_stats,
@@ -123,11 +124,6 @@ def all_processes(totals: dict, accelerator) -> dict:
     return dict(zip(keys, accelerator.reduce(values, reduction="sum"), strict=True))
 
 
-def add(totals, stats):
-    for key, value in stats.items():
-        totals[key] = totals.get(key, 0) + value
-
-
 @torch.no_grad()
 def evaluate(model, eval_data, collator, cfg, accelerator, stepper, static_form):
     """Held-out MLM perplexity and accuracy and NSP accuracy, with the same masks at every
@@ -146,7 +142,7 @@ def evaluate(model, eval_data, collator, cfg, accelerator, stepper, static_form)
         if static_form:
             batch = collator.static(batch, *static_form)
         batch = to_device(batch, accelerator.device)
-        add(totals, batch_stats(model(**batch, return_dict=True, **stepper.forward_kwargs()), batch))
+        add_stats(totals, batch_stats(model(**batch, return_dict=True, **stepper.forward_kwargs()), batch))
         found = torch.bincount(batch["labels"][batch["labels"] != -100], minlength=vocab_size)
         counts = found if counts is None else counts + found
     model.train()
@@ -241,9 +237,11 @@ def main(argv=None):
     workers = cfg.dataloader_num_workers if cfg.dataloader_num_workers != "auto" else \
         0 if device == "cpu" else min(4, (os.cpu_count() or 2) // 2)
     # (length, predictions per sequence) of each phase's static batches; a left-to-right model predicts every position
-    forms = [(static_length(data), None if cfg.causal_attention else c.max_predictions_per_seq)
-             for data, c in zip([*phase_data, eval_data], [*collators[:len(phase_data)], collators[0]], strict=True)
-             if data is not None] if static else [None] * 3
+    def static_form(data, collator):  # a left-to-right model predicts every position
+        return static_length(data), None if cfg.causal_attention else collator.max_predictions_per_seq
+
+    forms = [static_form(data, c) if static else None for data, c in zip(phase_data, collators, strict=False)]
+    eval_form = static_form(eval_data, collators[0]) if static and eval_data is not None else None
     if static and not cfg.causal_attention:  # masks made offline (a labels column) must fit the static form
         for (path, key), data, (_, cap) in zip((("train_data", "max_predictions_per_seq"),
                                                 ("train_data_phase2", "max_predictions_per_seq_phase2")),
@@ -252,7 +250,6 @@ def main(argv=None):
             if most > cap:
                 raise SystemExit(f"pretrain: error: {path} {getattr(cfg, path)}: an instance has {most} masked "
                                  f"positions, more than {key} ({cap}); raise {key} to at least {most}")
-    eval_form = forms[-1] if static and eval_data is not None else None
 
     no_decay = ("bias", "LayerNorm.weight", "LayerNorm.bias")  # the paper: no weight decay on these
     groups = [{"params": [p for n, p in model.named_parameters() if not n.endswith(no_decay)],

@@ -113,6 +113,8 @@ def test_gpu_check_runs_every_step_on_the_cpu(tmp_path):
     import shutil
     import subprocess
 
+    import torch
+
     from helpers import REPO, write_pretrain_setup, write_rte_like
 
     bundle = tmp_path / "bundle"
@@ -150,6 +152,20 @@ def test_gpu_check_runs_every_step_on_the_cpu(tmp_path):
     bad = subprocess.run(["bash", str(REPO / "benchmarks" / "gpu_check.sh"), "--devise", "cpu"], capture_output=True,
                          text=True)
     assert bad.returncode == 2 and "unknown option --devise" in bad.stderr
+    if not torch.cuda.is_available():  # `make gpu-check` where there is no GPU: one line, nothing run
+        bare = subprocess.run(["bash", str(REPO / "benchmarks" / "gpu_check.sh"), "--out", str(tmp_path / "bare")],
+                              capture_output=True, text=True, env={**os.environ, "PYTHON": sys.executable})
+        assert bare.returncode == 2 and "no CUDA device here" in bare.stderr
+        assert not (tmp_path / "bare" / "gpu_check.json").exists()
+
+
+def test_gpu_correctness_leaves_out_bf16_where_it_is_emulated(monkeypatch):
+    import bert_suite.precision
+
+    monkeypatch.setattr(bert_suite.precision, "native_bf16_flag", lambda: None)
+    assert not gpu_correctness.bf16_is_fast("cpu") and gpu_correctness.bf16_is_fast("cuda")
+    monkeypatch.setattr(bert_suite.precision, "native_bf16_flag", lambda: "avx512_bf16")
+    assert gpu_correctness.bf16_is_fast("cpu")
 
 
 def test_batch_benchmark_skips_without_data(tmp_path, capsys):

@@ -121,6 +121,13 @@ def batch_stats(out, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return stats
 
 
+def add_stats(totals: dict[str, torch.Tensor], stats: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """`totals` plus `stats`, key by key, on the device (nothing read); returns `totals`."""
+    for key, value in stats.items():
+        totals[key] = totals[key] + value if key in totals else value
+    return totals
+
+
 class PretrainingStep:
     """Runs optimizer steps: `step(micro_batches, num_items)` with the global batch's micro-batches (on the
     device) and the MLM loss's divisor (a 0-d device tensor: the global batch's masked tokens divided by
@@ -184,14 +191,7 @@ class PretrainingStep:
                     self.grad_norm = accelerator.clip_grad_norm_(self.params, self.max_grad_norm)
                 self.optimizer.step()
                 self.optimizer.zero_grad()
-            self._add(self.stats_fn(out, batch))
-
-    def _add(self, stats: dict[str, torch.Tensor]) -> None:
-        for key, value in stats.items():
-            if key in self.totals:
-                self.totals[key] += value
-            else:
-                self.totals[key] = value.clone()
+            add_stats(self.totals, self.stats_fn(out, batch))
 
     def take_totals(self) -> dict[str, torch.Tensor]:
         """The statistics summed since the last call (device tensors), and a fresh start."""
@@ -285,8 +285,7 @@ class _Captured:
         for batch in self.inputs:
             out = owner.model(**batch, return_dict=True, num_items_in_batch=self.num_items, **owner.forward_kwargs())
             (out.loss / parts).backward()  # as accelerate's backward divides by the micro-batches
-            for key, value in owner.stats_fn(out, batch).items():
-                stats_sum[key] = value if key not in stats_sum else stats_sum[key] + value
+            add_stats(stats_sum, owner.stats_fn(out, batch))
         if warm_up:
             return stats_sum
         owner.grad_norm.copy_(torch.nn.utils.clip_grad_norm_(owner.params, owner.max_grad_norm, foreach=True))
