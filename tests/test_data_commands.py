@@ -110,6 +110,67 @@ def test_import_bert_suite_registers_the_family_whatever_came_first(first):
                      "auto_classes": 8}
 
 
+TINY = "vocab_size=40, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=20"
+
+
+def test_a_registration_that_cannot_import_is_an_import_error_and_a_later_look_up_registers():
+    """The registration's ImportError is the look-up's (it was a RecursionError: the look-up re-deferred and
+    called itself), the mappings stay deferred, and once the cause is gone the next look-ups register the
+    family: eight threads at once, each finding it (the registration and the class swaps hold a lock)."""
+    found = run_python(f"""
+        import json, sys, threading
+        sys.modules["bert_suite.modeling_bert_suite"] = None  # importing the model raises ImportError
+        import bert_suite
+        from transformers import AutoConfig, AutoModel
+        from bert_suite import BertSuiteConfig
+        errors = []
+        for _ in range(2):  # the second look-up tries again
+            try:
+                BertSuiteConfig in AutoModel._model_mapping
+            except BaseException as error:
+                errors.append([type(error).__name__, isinstance(error, ImportError)])
+        del sys.modules["bert_suite.modeling_bert_suite"]
+        start, seen = threading.Barrier(8), []
+        def look_up():
+            start.wait()
+            seen.append(BertSuiteConfig in AutoModel._model_mapping)
+        threads = [threading.Thread(target=look_up) for _ in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        config = AutoConfig.for_model("bert_suite", {TINY})
+        print(json.dumps({{"errors": errors, "seen": seen, "config": type(config).__name__,
+                          "model": type(AutoModel.from_config(config)).__name__}}))
+        """)
+    assert found == {"errors": [["ModuleNotFoundError", True]] * 2, "seen": [True] * 8, "config": "BertSuiteConfig",
+                     "model": "BertSuiteModel"}
+
+
+def test_a_look_up_while_an_import_is_in_progress_answers_without_the_family(tmp_path):
+    """The case the deferral is for: a look-up made while transformers (here: bert_suite) is still importing,
+    whose registration cannot import yet, answers without the family instead of failing; the next registers."""
+    (tmp_path / "_probe.py").write_text(textwrap.dedent("""
+        from transformers import AutoModel
+
+        from bert_suite import BertSuiteConfig
+
+        FOUND = BertSuiteConfig in AutoModel._model_mapping  # bert_suite._probe is being imported
+        """))
+    found = run_python(f"""
+        import json, sys
+        sys.modules["bert_suite.modeling_bert_suite"] = None
+        import bert_suite
+        bert_suite.__path__.append({str(tmp_path)!r})
+        import bert_suite._probe
+        from transformers import AutoModel
+        del sys.modules["bert_suite.modeling_bert_suite"]
+        print(json.dumps({{"during": bert_suite._probe.FOUND,
+                          "after": bert_suite.BertSuiteConfig in AutoModel._model_mapping}}))
+        """)
+    assert found == {"during": False, "after": True}
+
+
 FORK_SAFE = """
 import json, sys
 sys.path.insert(0, {tests!r})

@@ -16,6 +16,7 @@ import importlib
 import importlib.abc
 import importlib.util
 import sys
+import threading
 
 __version__ = "0.1.0"
 
@@ -78,32 +79,71 @@ def _register_models() -> None:
 
 
 _LOOKUPS = ("__getitem__", "__contains__", "__iter__", "__len__", "get", "keys", "values", "items", "__reduce__")
-_DEFERRED: dict[type, type] = {}
+_DEFERRED: dict[type, type] = {}  # a mapping's class -> its subclass whose look-ups register first
+_LOCK = threading.RLock()  # the registrations and the class swaps, one thread at a time
+
+
+def _importing() -> bool:
+    """Whether a module of transformers or of this package is being imported at this moment (its body runs)."""
+    return any(getattr(getattr(module, "__dict__", {}).get("__spec__"), "_initializing", False)  # not getattr:
+               for name, module in list(sys.modules.items())  # a lazy module would import on a miss
+               if name.partition(".")[0] in ("transformers", "bert_suite"))
+
+
+class _Registration:
+    """`register`, waiting for the first look-up of its mappings, which then answers with the family in them."""
+
+    def __init__(self, mappings: list, register) -> None:
+        self.mappings, self.register, self.waiting = mappings, register, True
+        self.bases = [type(mapping)._deferred_from for mapping in mappings]
+        self.local = threading.local()  # .busy: this thread is in a look-up of these mappings
+
+    def look_up(self, method, mapping, args, kwargs):
+        """`method` of the mapping's own class, after the registration; a look-up inside another (made by
+        `register`, or by `method` itself) answers at once."""
+        if getattr(self.local, "busy", False):
+            return method(mapping, *args, **kwargs)
+        self.local.busy = True
+        try:
+            self.ready()
+            return method(mapping, *args, **kwargs)
+        finally:
+            self.local.busy = False
+
+    def ready(self) -> None:
+        with _LOCK:
+            if not self.waiting:  # another thread registered while this one waited for the lock
+                return
+            try:
+                self.register()
+            except ImportError:
+                # a look-up from inside an import still running (transformers' own, the case the deferral is
+                # for) answers without the family and leaves it to the next; any other is the error it is
+                if _importing():
+                    return
+                raise
+            for mapping, base in zip(self.mappings, self.bases, strict=True):
+                mapping.__class__ = base
+            self.waiting = False
 
 
 def _defer(mappings: list, register) -> None:
-    """Turn each mapping into a subclass of its own class whose look-ups first run `register` (with the
-    mappings back in their own class, which `register` uses); an ImportError (a look-up made while transformers
-    is itself importing) leaves them deferred, for the next look-up."""
-    def ready() -> None:
-        for mapping in mappings:
-            mapping.__class__ = type(mapping).__mro__[1]
-        try:
-            register()
-        except ImportError:
-            _defer(mappings, register)
-
+    """Turn each mapping into a subclass of its own class whose look-ups first run `register` and then answer
+    with the mapping's own method; on success the mappings go back to their own class. A failed registration
+    leaves them deferred: the next look-up tries again."""
     for mapping in mappings:
-        base = type(mapping)
+        base = getattr(type(mapping), "_deferred_from", type(mapping))
         if base not in _DEFERRED:
-            def wrap(name):
+            def wrap(method):
                 def look_up(self, *args, **kwargs):
-                    self._ready()
-                    return getattr(self, name)(*args, **kwargs)
+                    return self._registration.look_up(method, self, args, kwargs)
                 return look_up
-            _DEFERRED[base] = type(f"Registering{base.__name__}", (base,), {n: wrap(n) for n in _LOOKUPS})
-        mapping._ready = ready
+            _DEFERRED[base] = type(f"Registering{base.__name__}", (base,),
+                                   {"_deferred_from": base, **{n: wrap(getattr(base, n)) for n in _LOOKUPS}})
         mapping.__class__ = _DEFERRED[base]
+    registration = _Registration(mappings, register)
+    for mapping in mappings:
+        mapping._registration = registration
 
 
 class _RegisterAfterImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):
