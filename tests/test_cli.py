@@ -1,6 +1,7 @@
 """The command line's front: help and usage errors without the heavy imports, grouped commands with an
 example each, and `bert-suite tasks`."""
 
+import os
 import subprocess
 import sys
 
@@ -55,3 +56,39 @@ def test_tasks_lists_every_shipped_card_with_family_metric_and_source(capsys):
     assert len(rows) == len(set(available_cards().values()))
     assert rows["squad_v2"].split()[1:3] == ["squad", "best_f1"] and "rajpurkar/squad_v2" in rows["squad_v2"]
     assert rows["conll2003"].split()[1] == "ner" and "local files" in rows["doc-intact"]
+
+
+def _bert_suite(*argv: str, debug_env: bool = False) -> subprocess.CompletedProcess:
+    """`bert-suite ARGV` in a fresh interpreter, with BERT_SUITE_DEBUG=1 or without it."""
+    env = {k: v for k, v in os.environ.items() if k != "BERT_SUITE_DEBUG"}
+    if debug_env:
+        env["BERT_SUITE_DEBUG"] = "1"
+    code = "import sys, bert_suite_cli; sys.exit(bert_suite_cli.main(sys.argv[1:]))"
+    return subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=120, env=env)
+
+
+def test_debug_or_its_variable_shows_the_traceback_of_an_input_error_else_one_line(tmp_path):
+    missing = ["squad-small", "--input", str(tmp_path / "missing.json"), "--output_dir", str(tmp_path / "out")]
+    plain = _bert_suite(*missing)
+    assert plain.returncode == 2 and "Traceback" not in plain.stderr
+    lines = plain.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"bert-suite squad-small: error: {tmp_path / 'missing.json'}: ")
+    for shown in (_bert_suite("--debug", *missing), _bert_suite(*missing, "--debug"),
+                  _bert_suite(*missing, debug_env=True)):
+        assert shown.returncode == 1 and shown.stderr.startswith("Traceback") and "SquadSmallError" in shown.stderr, \
+            shown.stderr
+
+
+def test_debug_is_every_commands_own_flag_and_the_help_says_so(capsys):
+    parser = bert_suite_cli.build_parser()
+    commands = parser._subparsers._group_actions[0].choices
+    said = "--debug show the traceback of an error instead of one line (or BERT_SUITE_DEBUG=1)"
+    for argv in ([], *([name] for name in commands)):
+        assert cli_main([*argv, "--help"]) == 0
+        assert said in " ".join(capsys.readouterr().out.split()), argv
+    # a command that hands unknown flags to TrainingArguments (which has a --debug of its own) keeps it
+    args, rest = parser.parse_known_args(["finetune", "rte", "--model", "m", "--debug", "--num_train_epochs", "1"])
+    assert args.debug and rest == ["--num_train_epochs", "1"]
+    args, rest = parser.parse_known_args(["--debug", "grid", "rte", "--model", "m", "--num_train_epochs", "1"])
+    assert args.debug and rest == ["--num_train_epochs", "1"]  # a command's default does not undo it
+    assert not parser.parse_known_args(["grid", "rte", "--model", "m"])[0].debug

@@ -52,6 +52,7 @@ EXAMPLES = {
 }
 
 _HELP: dict[str, str] = {}  # filled by build_parser from each command's help
+DEBUG_HELP = "show the traceback of an error instead of one line (or BERT_SUITE_DEBUG=1)"
 
 
 def _overview() -> str:
@@ -145,8 +146,10 @@ def _add_context_flag(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="bert-suite", description=_overview(), usage="bert-suite [-h] COMMAND ...",
+    parser = argparse.ArgumentParser(prog="bert-suite", description=_overview(),
+                                     usage="bert-suite [-h] [--debug] COMMAND ...",
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", help=argparse.SUPPRESS,
                                 prog="bert-suite")
 
@@ -425,6 +428,9 @@ def build_parser() -> argparse.ArgumentParser:
         command.formatter_class = argparse.RawDescriptionHelpFormatter
         command.description = _HELP[name]
         command.epilog = f"example:\n  {EXAMPLES[name]}"
+        # before or after the command; SUPPRESS: a command's default must not undo `bert-suite --debug COMMAND`.
+        # Ours, so it never reaches TrainingArguments (whose own --debug this hides)
+        command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=DEBUG_HELP)
     # No abbreviations: `grid --learning_rate X` would otherwise be read as --learning_rates, and an
     # abbreviated TrainingArguments flag be taken for one of ours.
     for command in (parser, *sub.choices.values()):
@@ -467,7 +473,8 @@ def _give_back_flag_value(args: argparse.Namespace, argv: list[str], rest: list[
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run `bert-suite ARGS`; returns the exit status (2: a usage or input error, printed as one line)."""
+    """Run `bert-suite ARGS`; returns the exit status (2: a usage or input error, printed as one line; with
+    --debug or BERT_SUITE_DEBUG=1 an input error raises, its traceback shown)."""
     parser = build_parser()
     argv = _plain_negative_numbers(sys.argv[1:] if argv is None else list(argv))
     try:  # argparse prints its usage and message, then exits; return that status instead
@@ -482,7 +489,7 @@ def main(argv: list[str] | None = None) -> int:
 
         commands.run(args, rest)
     except (ValueError, OSError, KeyError, RuntimeError) as err:
-        if os.environ.get("BERT_SUITE_DEBUG"):
+        if args.debug or os.environ.get("BERT_SUITE_DEBUG"):
             raise
         print(f"bert-suite {args.command}: error: {err}", file=sys.stderr)
         return 2
