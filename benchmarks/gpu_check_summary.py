@@ -68,7 +68,8 @@ def summary(parts: dict, status: list[str]) -> str:
     lines = ["# make gpu-check", ""]
     machine = next((p["machine"] for p in parts.values() if isinstance(p, dict) and "machine" in p), {})
     lines += [f"Device: {machine.get('gpu', 'no GPU')}; torch {machine.get('torch')}, transformers "
-              f"{machine.get('transformers')}; CPU {machine.get('cpu')} ({machine.get('cores')} cores).", ""]
+              f"{machine.get('transformers')}; CPU {machine.get('cpu')} ({machine.get('cores')} cores).", ""] \
+        if machine else ["Device: not recorded by the steps that ran (the recipe's alone); see the log.", ""]
     if status:
         lines += ["Steps: " + "; ".join(status), ""]
     lines += ["## Goals", "", *table(["goal", "measured", "met"],
