@@ -454,7 +454,9 @@ def smoke_study(shipped: Path, folder: Path, steps: int = 8, tasks: tuple = (0, 
     indices `tasks` with label counts cut to fit."""
     import yaml
 
-    study = yaml.safe_load(shipped.read_text())
+    from bert_suite.ablation.study import read_with_base
+
+    study = read_with_base(shipped)[0]  # its base merged in, as the record's `ablation` holds it
     study["vocabulary"] = {"vocab_size": 80, "lowercase": True} if "vocab_size" in study["vocabulary"] else {
         "vocab_file": str(folder / "vocab.txt")}
     (folder / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", ".", "?", "which",

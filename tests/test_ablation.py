@@ -128,14 +128,64 @@ def without_timing(record: dict, out: Path) -> dict:
     return record
 
 
-def test_a_run_killed_in_pretraining_and_in_fine_tuning_resumes_to_the_same_record(data, tmp_path, report):
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid` now (from /proc: each process's parent)."""
+    parents = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parents[int(stat.parent.name)] = int(fields[1])
+    found, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        children = [child for child, parent in parents.items() if parent == current]
+        found += children
+        todo += children
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def wait_for(path: Path, text: str, process: subprocess.Popen, seconds: float = 180) -> None:
+    import time
+
+    deadline = time.monotonic() + seconds
+    while not (path.is_file() and text in path.read_text(errors="replace")):
+        assert process.poll() is None, process.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, f"no {text!r} in {path} after {seconds} s"
+        time.sleep(0.2)
+
+
+def test_a_study_stopped_in_pretraining_and_killed_in_fine_tuning_resumes_to_the_same_record(data, tmp_path, report):
+    import signal
+
     study = small_study(tmp_path, data)
     whole, killed = tmp_path / "whole", tmp_path / "killed"
     done = cli(study, "--output_dir", whole, "--workers", "2")  # two processes share the grids: the same scores
     assert done.returncode == 0, done.stderr[-3000:]
     assert (whole / "logs" / "compare-w1.log").is_file()
-    first = cli(study, "--output_dir", killed, failpoint="pretrain.step:4")  # the recipe dies after step 3's checkpoint
-    assert first.returncode == 2 and "pre-training failed" in first.stderr
+    # SIGTERM while the recipe runs (it hangs after step 3's checkpoint): the study stops everything it started
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "BERT_SUITE_FAILPOINT": "pretrain.step:4:hang"}
+    study_process = subprocess.Popen([str(Path(sys.executable).parent / "bert-suite"), "ablation", str(study),
+                                      "--output_dir", str(killed)], env=env, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True)
+    wait_for(killed / "logs" / "pretraining-pre.log", "hanging until killed", study_process)
+    tree = descendants(study_process.pid)
+    assert len(tree) >= 2  # accelerate launch and the recipe
+    study_process.send_signal(signal.SIGTERM)
+    _, err = study_process.communicate(timeout=120)
+    assert study_process.returncode == 128 + signal.SIGTERM, err[-3000:]
+    assert "stopped by SIGTERM; rerun `bert-suite ablation" in err
+    assert [pid for pid in tree if alive(pid)] == []
+    timing = json.loads((killed / "pretraining" / "pre" / "timing.json").read_text())
+    assert len(timing) == 1 and timing[0]["stopped"] and timing[0]["seconds"] > 0 and "finished" in timing[0]
     assert not (killed / "pretraining" / "pre" / "final").exists()
     second = cli(study, "--output_dir", killed, failpoint="grid.trial_trained:2")  # this process dies in a grid
     assert second.returncode == -9, second.stderr[-3000:]
@@ -145,7 +195,7 @@ def test_a_run_killed_in_pretraining_and_in_fine_tuning_resumes_to_the_same_reco
     assert third.returncode == 0, third.stderr[-3000:]
     record = json.loads((whole / "ablation.json").read_text())
     assert without_timing(json.loads((killed / "ablation.json").read_text()), killed) == without_timing(record, whole)
-    # the killed launch's time counts beside the resumed one's
+    # the stopped launch's time counts beside the resumed one's
     timing = json.loads((killed / "pretraining" / "pre" / "timing.json").read_text())
     assert len(timing) == 2 and all(entry["seconds"] > 0 and "finished" in entry for entry in timing)
     minutes = json.loads((killed / "ablation.json").read_text())["pretraining"]["pre"]["minutes"]
@@ -210,27 +260,50 @@ def test_a_corpus_empty_after_decontamination_stops_before_any_training(data, tm
     assert not (tmp_path / "out" / "pretraining").exists()
 
 
-def test_an_output_dir_made_with_other_settings_is_refused_naming_the_stage(data, tmp_path, capsys):
-    out = tmp_path / "out"
-    assert run(small_study(tmp_path, data), "--output_dir", out, "--until", "pretraining") == 0
+def test_two_runs_of_a_variant_at_once_train_it_once_and_a_changed_setting_or_input_is_refused(data, tmp_path,
+                                                                                               capsys):
+    import shutil
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for source in (data / "corpus" / "gutenberg" / "book.txt", data / "corpus" / "nltk" / "brown.txt"):
+        shutil.copy(source, corpus / source.name)
+    changes = {"corpus": {"files": [str(corpus / "*.txt")]}}
+    study, out = small_study(tmp_path, data, **changes), tmp_path / "out"
+    both = [subprocess.Popen([str(Path(sys.executable).parent / "bert-suite"), "ablation", str(study), "--output_dir",
+                              str(out), "--variant", "pre"], env={**os.environ, "HF_HUB_OFFLINE": "1"},
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    errors = [p.communicate(timeout=600)[1] for p in both]
+    assert [p.returncode for p in both] == [0, 0], errors
+    assert any("[ablation] waiting: " in e and " is held by process " in e for e in errors), errors
+    assert len(json.loads((out / "pretraining" / "pre" / "timing.json").read_text())) == 1  # one launch
+    assert (out / "logs" / "pretraining-pre.log").read_text().count("$ ") == 1
     assert (out / "pretraining" / "pre" / "final" / "config.json").is_file() and not (out / "compare").exists()
-    assert run(small_study(tmp_path, data, vocabulary={"vocab_size": 70}), "--output_dir", out) == 2
-    assert "the vocabulary stage was made with other settings (vocab_size" in capsys.readouterr().err
-    changed = small_study(tmp_path, data, variants={"pre": {"learning_rate": 1e-3}})
+    assert run(small_study(tmp_path, data, **changes, vocabulary={"vocab_size": 70}), "--output_dir", out) == 2
+    assert "the vocabulary stage was made with other settings: vocab_size was 60, now 70" in capsys.readouterr().err
+    changed = small_study(tmp_path, data, **changes, variants={"pre": {"learning_rate": 1e-3}})
     assert run(changed, "--output_dir", out) == 2
-    assert "the pretraining/pre stage was made with other settings (overrides" in capsys.readouterr().err
+    assert ("the pretraining/pre stage was made with other settings: recipe.learning_rate was 0.003, now 0.001"
+            in capsys.readouterr().err)
+    with open(corpus / "brown.txt", "a") as handle:
+        handle.write("one more sentence .\n")
+    assert run(small_study(tmp_path, data, **changes), "--output_dir", out) == 2
+    err = capsys.readouterr().err
+    assert f"the corpus stage read {corpus / 'brown.txt'} as " in err and "restore it" in err, err
 
 
 def test_the_file_is_read_as_written_with_paths_relative_to_it(data, tmp_path, monkeypatch):
     monkeypatch.setenv("BERT_SUITE_DATA", str(data))
-    study = load_study(SHIPPED / "table5.yaml")
-    assert study.files[0].parent == data / "corpus" / "gutenberg"
-    assert study.compare["data_dir"] == [str(data / "glue"), f"squad_small={data / 'squad' / 'dev-v1.1.json'}"]
+    monkeypatch.setattr("bert_suite.ablation.study.train_size", lambda task: 10**6)  # sst2@1000 in a small stand-in
+    study = load_study(SHIPPED / "table5.yaml")  # its corpus from its base, _miniature.yaml, beside it
+    assert study.corpus.files[0].parent == data / "corpus" / "gutenberg"
+    assert [str(d) for d in study.compare.data_dirs] == [str(data / "glue"),
+                                                         f"squad_small={data / 'squad' / 'dev-v1.1.json'}"]
     assert study.pretrained == ["mlm_nsp", "mlm", "ltr"] and study.variants["random"].source == "mlm_nsp"
     monkeypatch.delenv("BERT_SUITE_DATA")
     (tmp_path / "corpus.txt").write_text("one two three .\n")
     rel = small_study(tmp_path, data, corpus={"files": ["corpus.txt"], "task_texts": []})
-    assert load_study(rel).files == [tmp_path / "corpus.txt"]
+    assert load_study(rel).corpus.files == [tmp_path / "corpus.txt"]
     with pytest.raises(AblationError, match="the recipe reads|use_nsp must be false"):
         load_study(small_study(tmp_path, data, variants={"pre": {"causal_attention": True}}))
 
@@ -324,16 +397,16 @@ def test_a_launch_counts_its_time_while_it_runs_so_a_killed_session_keeps_it(tmp
     import threading
     import time
 
-    from bert_suite import ablation
+    from bert_suite.ablation import launch, minutes_of
 
     real = subprocess.Popen
-    monkeypatch.setattr(ablation, "TIMING_EVERY", 0.05)
-    monkeypatch.setattr(ablation, "_cuda", lambda: False)
-    monkeypatch.setattr(ablation.subprocess, "Popen",  # the recipe: 0.8 s of work
+    monkeypatch.setattr(launch, "TIMING_EVERY", 0.05)
+    monkeypatch.setattr(launch, "_cuda", lambda: False)
+    monkeypatch.setattr(launch.subprocess, "Popen",  # the recipe: 0.8 s of work
                         lambda cmd, **kw: real([sys.executable, "-c", "import time; time.sleep(0.8)"], **kw))
     timing = tmp_path / "timing.json"
     timing.write_text(json.dumps([{"seconds": 60.0, "started": "earlier", "finished": "earlier"}]))
-    thread = threading.Thread(target=ablation.launch, args=([], tmp_path / "log.txt", timing))
+    thread = threading.Thread(target=launch.launch_recipe, args=({}, tmp_path / "log.txt", timing))
     thread.start()
     time.sleep(0.5)
     running = json.loads(timing.read_text())  # what a kill of this process now would leave
@@ -342,7 +415,7 @@ def test_a_launch_counts_its_time_while_it_runs_so_a_killed_session_keeps_it(tmp
     assert 0.2 < running[1]["seconds"] < 0.8 and "finished" not in running[1]
     done = json.loads(timing.read_text())
     assert len(done) == 2 and done[1]["seconds"] >= 0.8 and "finished" in done[1]
-    assert ablation.minutes_of(tmp_path) == pytest.approx((60 + done[1]["seconds"]) / 60)
+    assert minutes_of(tmp_path) == pytest.approx((60 + done[1]["seconds"]) / 60)
 
 
 def test_the_recipes_snapshot_steps_read_as_a_list_from_yaml_or_the_command_line():
@@ -356,3 +429,45 @@ def test_the_recipes_snapshot_steps_read_as_a_list_from_yaml_or_the_command_line
         load_pretrain_config(None, [*base, "snapshot_steps=3,20"])
     with pytest.raises(PretrainConfigError, match="snapshot_steps must be a list of int"):
         load_pretrain_config(None, [*base, "snapshot_steps=three"])
+
+
+def test_a_base_file_shares_sections_its_paths_relative_to_it_and_the_study_replaces_key_by_key(data, tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    (shared / "corpus.txt").write_text("one two three .\n")
+    full = yaml.safe_load(small_study(tmp_path, data).read_text())
+    base = {"corpus": {"files": ["corpus.txt"], "task_texts": [], "decontaminate": False},
+            "vocabulary": full["vocabulary"], "pretraining": full["pretraining"]}
+    (shared / "base.yaml").write_text(yaml.safe_dump(base, sort_keys=False))
+    own = {"title": "mine", "base": "shared/base.yaml", "pretraining": {"learning_rate": 1e-3},
+           **{k: full[k] for k in ("variants", "compare", "curve", "contrasts")}}
+    (tmp_path / "mine.yaml").write_text(yaml.safe_dump(own, sort_keys=False))
+    study = load_study(tmp_path / "mine.yaml")
+    assert study.corpus.files == [shared / "corpus.txt"]  # relative to the base, not to the study
+    assert study.pretraining.steps == 6 and study.pretraining.recipe["learning_rate"] == 1e-3
+    assert study.pretraining.recipe["per_device_train_batch_size"] == 8  # the base's other keys are kept
+    assert list(study.raw) == ["title", "corpus", "vocabulary", "pretraining", "variants", "compare", "curve",
+                               "contrasts"]  # the base's sections where `base` stands, as the record holds them
+    (shared / "base.yaml").write_text(yaml.safe_dump({**base, "base": "../mine.yaml"}))
+    with pytest.raises(AblationError, match="base: ../mine.yaml includes itself"):
+        load_study(tmp_path / "mine.yaml")
+    (tmp_path / "mine.yaml").write_text(yaml.safe_dump({**own, "base": "nothing.yaml"}))
+    with pytest.raises(AblationError, match=r"mine.yaml: base: .*nothing.yaml is not a file"):
+        load_study(tmp_path / "mine.yaml")
+
+
+def test_an_optional_task_is_left_out_only_when_its_data_is_missing_and_a_misspelt_one_is_an_error(data, tmp_path):
+    tasks = ["rte", {"task": "conll2003", "optional": True}]
+    missing = small_study(tmp_path, data, compare={"tasks": tasks, "data_dir": [str(data / "glue"),
+                                                                                f"conll2003={tmp_path / 'none'}"]})
+    assert load_study(missing).left_out == {"conll2003": f"no train.txt in {tmp_path / 'none'}"}
+    present = small_study(tmp_path, data, compare={"tasks": tasks, "data_dir": [str(data / "glue"),
+                                                                                f"conll2003={data / 'conll2003'}"]})
+    assert load_study(present).left_out == {}
+    misspelt = small_study(tmp_path, data, compare={"tasks": ["rte", {"task": "conl2003", "optional": True}]})
+    with pytest.raises(AblationError, match="compare: task conl2003: "):
+        load_study(misspelt)
+    with pytest.raises(AblationError, match=r"corpus.task_texts: task stbs: "):
+        load_study(small_study(tmp_path, data, corpus={"task_texts": ["stbs"]}))
+    with pytest.raises(AblationError, match=r"compare.tasks: rte@5000: 5,000 labels is above rte's train size"):
+        load_study(small_study(tmp_path, data, compare={"tasks": ["rte@5000"]}))

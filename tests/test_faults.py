@@ -208,9 +208,11 @@ NOT_RESULTS = {
     ("src/bert_suite/grid.py", "folder_claim", "open:a"): "the folder's guard lock, opened to flock it",
     ("src/bert_suite/grid.py", "folder_claim", "open:a+"): "a worker's lock, labelled with its grid for the "
                                                            "error another grid's worker prints; no result",
-    ("src/bert_suite/ablation.py", "data_lock", "open:w"): "an empty lock file, opened to flock it",
-    ("src/bert_suite/ablation.py", "launch", "open:a"): "a pre-training's console log, streamed while it runs",
-    ("src/bert_suite/ablation.py", "start_helpers", "open:a"): "a --workers helper's console log",
+    ("src/bert_suite/ablation/locks.py", "file_lock", "open:a+"): "a lock file, opened to flock it; it names its "
+                                                                  "holder for the line a waiting process prints",
+    ("src/bert_suite/ablation/launch.py", "launch_recipe", "open:a"): "a pre-training's console log, streamed "
+                                                                      "while it runs",
+    ("src/bert_suite/ablation/launch.py", "start_helpers", "open:a"): "a --workers helper's console log",
 }
 
 

@@ -3,7 +3,7 @@
 calls the modules that do the work.
 
 Errors the user can fix (bad files, bad flags) are printed as one line and exit with status 2;
-set BERT_SUITE_DEBUG=1 to see the traceback.
+`--debug` (on any command, before or after it) or BERT_SUITE_DEBUG=1 shows the traceback instead.
 """
 
 from __future__ import annotations
@@ -305,12 +305,12 @@ def _compare(args: argparse.Namespace, rest: list[str]) -> None:
         CompareError,
         check_seeds,
         check_tasks,
+        grid_space,
         parse_models,
         parse_tasks,
         run_compare,
         vocabulary_of,
     )
-    from .grid import search_space
     from .runner import training_precision
 
     overrides = _training_overrides(rest)  # flags first: a typo must not wait on the network
@@ -327,9 +327,8 @@ def _compare(args: argparse.Namespace, rest: list[str]) -> None:
         vocabulary_of(model)  # a PATH that is not a checkpoint fails here
     _needs_hub(*(m.path for m in models.values()), *(t.data_dir for t in tasks.values()))
     check_tasks(tasks, next(iter(models.values())), args.max_seq_length)
-    spaces = {key: search_space(task.card, args.grid, learning_rate=args.learning_rates,
-                                per_device_train_batch_size=args.batch_sizes, num_train_epochs=args.epochs,
-                                seed=args.seeds) for key, task in tasks.items()}
+    spaces = {key: grid_space(task, args.seeds, args.learning_rates, args.batch_sizes, args.epochs, args.grid)
+              for key, task in tasks.items()}
     precision = training_precision(overrides, args.precision)
     _announce(precision)
     result = run_compare(models, tasks, args.baseline, args.seeds, spaces, args.output_dir, args.storage,
@@ -557,6 +556,7 @@ def _ablation(args: argparse.Namespace, rest: list[str]) -> None:
     import shlex
 
     from .ablation import run_ablation
+    from .ablation.launch import Stopped
 
     words = ["bert-suite", "ablation", args.study, "--output_dir", args.output_dir]  # what reruns it
     for flag in ("workers", "storage", "results_dir"):
@@ -564,8 +564,12 @@ def _ablation(args: argparse.Namespace, rest: list[str]) -> None:
         if value not in (None, 1):
             words += [f"--{flag}", str(value)]
     command = shlex.join(words)
-    run_ablation(args.study, args.output_dir, args.until, args.variant, args.workers, args.storage, args.results_dir,
-                 args.worker, command)
+    try:
+        run_ablation(args.study, args.output_dir, args.until, args.variant, args.workers, args.storage,
+                     args.results_dir, args.worker, command)
+    except Stopped as stop:  # SIGTERM or SIGHUP: everything it started is stopped; rerun the command to resume
+        print(f"bert-suite ablation: {stop}; rerun `{command}` to resume", file=sys.stderr)
+        raise SystemExit(stop.code) from None
 
 
 def _demo(args: argparse.Namespace, rest: list[str]) -> None:

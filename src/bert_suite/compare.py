@@ -28,13 +28,14 @@ from pathlib import Path
 import datasets
 
 from .cards import CardError, TaskCard, load_card
-from .grid import grid_key, run_grid
+from .grid import grid_key, run_grid, search_space
 from .io import atomic_write_text, save_figure
 from .report import choose_setting, md_table, mean_se, paired_comparison, seed_scores
 from .runner import ModelSpec, RunError, adapter_for
 
 SETTING_NAMES = ("learning_rate", "batch_size", "epochs")
 _NAME = re.compile(r"[A-Za-z0-9][\w.-]*")
+_TASK = re.compile(r"\w[\w/-]*")
 
 
 class CompareError(RunError):
@@ -104,8 +105,28 @@ def vocabulary_of(model: Model) -> tuple[int, str]:
     return len(tokens), hashlib.sha256("\n".join(t for t, _ in tokens).encode()).hexdigest()
 
 
+@dataclass(frozen=True)
+class DataDir:
+    """A --data_dir value: a folder searched for every task, or TASK=DIR, the folder (or file) of one task."""
+    folder: str
+    task: str | None = None
+
+    @classmethod
+    def parse(cls, value: str) -> DataDir:
+        """DIR or TASK=DIR (a DIR whose path holds a '=' stays a DIR when what precedes it is not a task name)."""
+        task, sep, folder = value.partition("=")
+        return cls(folder, task) if sep and _TASK.fullmatch(task) else cls(value)
+
+    def __str__(self) -> str:
+        return f"{self.task}={self.folder}" if self.task else self.folder
+
+
+def data_dirs_of(values: list[str] | None) -> list[DataDir] | None:
+    return None if values is None else [DataDir.parse(v) for v in values]
+
+
 def parse_tasks(values: list[str], data_dirs: list[str] | None, metrics: list[str] | None) -> dict[str, Task]:
-    """TASK[@LABELS] values as Tasks, each with its data folder (`data_dir_for`) and metric."""
+    """--task TASK[@LABELS] values as Tasks, each with its data folder and metric (--metric TASK=NAME)."""
     chosen: dict[str, str] = {}
     for value in metrics or []:
         task, sep, name = value.partition("=")
@@ -114,56 +135,59 @@ def parse_tasks(values: list[str], data_dirs: list[str] | None, metrics: list[st
         chosen[task] = name
     tasks: dict[str, Task] = {}
     for value in values:
-        name, sep, count = value.partition("@")
         if value in tasks:
             raise CompareError(f"--task {value}: given twice")
-        labels = None
-        if sep:
-            if not count.isdigit() or int(count) < 1:
-                raise CompareError(f"--task {value}: expected TASK@N with N a positive number of training examples")
-            labels = int(count)
-        try:
-            card = load_card(name)
-        except CardError as err:
-            raise CompareError(f"--task {value}: {err}") from None
-        metric = chosen.get(value, chosen.get(name, card.select))
-        tasks[value] = Task(value, card, labels, metric, data_dir_for(card, data_dirs))
+        tasks[value] = resolve_task(value, data_dirs_of(data_dirs), chosen.get(value, chosen.get(value.split("@")[0])))
     unknown = sorted(set(chosen) - set(tasks) - {t.card.name for t in tasks.values()})
     if unknown:
         raise CompareError(f"--metric {unknown[0]}=...: not one of the --task values ({', '.join(tasks)})")
     return tasks
 
 
-def data_dir_for(card: TaskCard, values: list[str] | None) -> str | None:
-    """The task's folder among --data_dir values: TASK=DIR for this task, else the first DIR that holds the
-    card's data folder (DIR/RTE in a GLUE root) or the card's train file itself. None (the Hub) when no
-    --data_dir is given."""
-    if not values:
+def resolve_task(key: str, data_dirs: list[DataDir] | None, metric: str | None = None, flag: str = "--task") -> Task:
+    """TASK[@LABELS] as a Task: its card, label count, metric (None: the card's) and data folder (`data_dir_for`);
+    the one resolver of `bert-suite compare` and the ablation's study. Errors begin with `flag` and the key."""
+    name, sep, count = key.partition("@")
+    labels = None
+    if sep:
+        if not count.isdigit() or int(count) < 1:
+            raise CompareError(f"{flag} {key}: expected TASK@N with N a positive number of training examples")
+        labels = int(count)
+    try:
+        card = load_card(name)
+    except CardError as err:
+        raise CompareError(f"{flag} {key}: {err}") from None
+    where = "data_dir" if flag == "task" else "--data_dir"
+    return Task(key, card, labels, metric or card.select, data_dir_for(card, data_dirs, where))
+
+
+def data_dir_for(card: TaskCard, data_dirs: list[DataDir] | None, flag: str = "--data_dir") -> str | None:
+    """The task's folder among the data folders: TASK=DIR for this task, else the first DIR that holds the
+    card's data folder (DIR/RTE in a GLUE root) or the card's train file itself. None (the Hub) when none is
+    given."""
+    if not data_dirs:
         return None
-    plain = []
-    for value in values:
-        task, sep, folder = value.partition("=")
-        if sep and task in (card.name, Path(card.path).stem):
-            return folder
-        if not sep:
-            plain.append(value)
+    for entry in data_dirs:
+        if entry.task in (card.name, Path(card.path).stem):
+            return entry.folder
     train_file = card.splits[card.train_split].file if card.train_split else None
-    for folder in map(Path, plain):
+    for folder in (Path(e.folder) for e in data_dirs if not e.task):
         if card.data_folder and (folder / card.data_folder).is_dir():
             return str(folder / card.data_folder)
         if train_file and (folder / train_file).is_file():
             return str(folder)
-    raise CompareError(f"--data_dir {' '.join(values)}: no folder for task {card.name}; expected DIR/"
+    raise CompareError(f"{flag} {' '.join(map(str, data_dirs))}: no folder for task {card.name}; expected DIR/"
                        f"{card.data_folder or '<task folder>'} or DIR/{train_file} among them, or {card.name}=DIR")
 
 
-def check_tasks(tasks: dict[str, Task], model: Model, max_seq_length: int | None = None) -> None:
+def check_tasks(tasks: dict[str, Task], model: Model | None, max_seq_length: int | None = None,
+                tokenizer=None) -> None:
     """Before any grid runs: every task's train split reads (as the grid reads it), every @LABELS fits it, and its
     first examples encode at the run's length with `model`'s tokenizer (a length a task cannot use, such as a
     SQuAD window shorter than its questions, would otherwise stop the comparison after hours of other grids)."""
     from .tokenization import check_max_seq_length, load_tokenizer
 
-    tokenizer = load_tokenizer(model.path)
+    tokenizer = tokenizer or load_tokenizer(model.path)
     for task in tasks.values():
         adapter = adapter_for(task.card)
         train = adapter.load_split(task.card, task.card.train_split, task.data_dir)
@@ -191,6 +215,14 @@ def check_seeds(seeds: list[int]) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ the run
+
+
+def grid_space(task: Task, seeds: list[int], learning_rates=None, batch_sizes=None, epochs=None,
+               preset: str | None = None) -> dict:
+    """The grid every model runs on `task`: the card's (or `preset`'s) axes, those given replacing them, and
+    `seeds` as the seed axis."""
+    return search_space(task.card, preset, learning_rate=learning_rates, per_device_train_batch_size=batch_sizes,
+                        num_train_epochs=epochs, seed=seeds)
 
 
 def grid_folder(output_dir: Path, task: Task, model: Model) -> Path:
@@ -253,6 +285,19 @@ def _setting(setting: tuple) -> dict:
     return dict(zip(SETTING_NAMES, setting, strict=True))
 
 
+def chosen_scores(scores: dict[tuple, dict[int, float]], seeds: list[int], what: str) -> dict:
+    """A grid's answer: the setting with the best mean over `seeds` and its per-seed scores (0-100), mean and
+    standard error ({"setting", "scores", "mean", "se"}); `what` names the grid in the error when no setting has
+    a score for every seed."""
+    chosen = choose_setting(scores, seeds)
+    if chosen is None:
+        raise CompareError(f"{what}: no grid setting has a score for every seed {' '.join(map(str, seeds))} "
+                           "(failed trials? see its grid_results.md)")
+    per_seed = [100 * scores[chosen][s] for s in seeds]
+    mean, se = mean_se(per_seed)
+    return {"setting": _setting(chosen), "scores": per_seed, "mean": mean, "se": se}
+
+
 def build_result(baseline: str, seeds: list[int], models: dict[str, Model], tasks: dict[str, Task],
                  found: dict[str, dict[str, dict]]) -> dict:
     """compare.json from each task's and model's grid scores ({task: {model: {setting: {seed: fraction}}}})."""
@@ -263,14 +308,7 @@ def build_result(baseline: str, seeds: list[int], models: dict[str, Model], task
     for task in tasks.values():
         entry = {"metric": task.metric, "labels": task.labels, "models": {}, "vs_baseline": {}}
         for name in models:
-            scores = found[task.key][name]
-            chosen = choose_setting(scores, seeds)
-            if chosen is None:
-                raise CompareError(f"{task.key}, {name}: no grid setting has a score for every seed "
-                                   f"{' '.join(map(str, seeds))} (failed trials? see its grid_results.md)")
-            per_seed = [100 * scores[chosen][s] for s in seeds]
-            mean, se = mean_se(per_seed)
-            entry["models"][name] = {"setting": _setting(chosen), "scores": per_seed, "mean": mean, "se": se}
+            entry["models"][name] = chosen_scores(found[task.key][name], seeds, f"{task.key}, {name}")
         for name in models:
             if name != baseline:
                 entry["vs_baseline"][name] = paired_comparison(entry["models"][name]["scores"],

@@ -4,7 +4,8 @@
 its record, in the middle of swapping the best checkpoint, inside a checkpoint write). With
 `BERT_SUITE_FAILPOINT=NAME[:N]` in the environment, the process kills itself with SIGKILL the
 N-th time (default: the first) it reaches that point, which is what a power cut or the OOM killer
-does: no `finally`, no `atexit`, no flush. Unset, a failpoint costs one environment lookup.
+does: no `finally`, no `atexit`, no flush. `NAME:N:hang` stops there instead (the process sleeps until it
+is killed): the moment a test stops it from outside. Unset, a failpoint costs one environment lookup.
 """
 
 from __future__ import annotations
@@ -22,12 +23,22 @@ def failpoint(name: str) -> None:
     spec = os.environ.get(ENV)
     if not spec:
         return
-    target, _, nth = spec.partition(":")
+    target, _, rest = spec.partition(":")
     if target != name:
         return
+    nth, _, action = rest.partition(":")
     _hits[name] += 1
     if _hits[name] == int(nth or 1):
-        _fire(name)
+        _hang(name) if action == "hang" else _fire(name)
+
+
+def _hang(name: str) -> None:
+    import time
+
+    sys.stderr.write(f"[bert_suite] failpoint {name}: hanging until killed\n")
+    sys.stderr.flush()
+    while True:
+        time.sleep(60)
 
 
 def _fire(name: str) -> None:

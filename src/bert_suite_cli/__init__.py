@@ -396,11 +396,13 @@ def build_parser() -> argparse.ArgumentParser:
     abl.add_argument("study", metavar="ABLATION.yaml", help="the study file (recipes/ablations/*.yaml, or your own: "
                      "docs/ablation.md); its paths are relative to it")
     abl.add_argument("--output_dir", required=True, help="every stage's folder; rerun the command to resume (a stage "
-                     "made with other settings is refused)")
+                     "made with other settings or inputs is refused; Ctrl-C, SIGTERM or SIGHUP stops the study and "
+                     "everything it started)")
     abl.add_argument("--until", choices=["pretraining", "compare"], default="compare",
                      help="stop after this stage (default: compare, the whole study and its record)")
     abl.add_argument("--variant", nargs="+", metavar="NAME", help="pre-train only these variants, then stop (one "
-                     "machine or GPU per variant, sharing --output_dir; rerun without it to fine-tune)")
+                     "machine or GPU per variant, sharing --output_dir: a variant another process trains is waited "
+                     "for, not trained twice; rerun without it to fine-tune)")
     abl.add_argument("--workers", type=int, default=1, help="processes sharing the fine-tuning grids, each with its "
                      "share of the cores (default: 1)")
     abl.add_argument("--storage", help="Optuna storage URL shared by every worker, as compare's (default: grid.db in "

@@ -1,0 +1,178 @@
+"""Fine-tuning every variant alike: `compare`'s grids on every task (OUT/compare), the curve of each curve
+variant's snapshots (OUT/curve/TASK/NAME@STEP), and the feature-based route of NER tasks (OUT/features). Several
+processes may run this at once on one folder (`--workers`, `--storage`): each grid's trials are shared through
+its study."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from pathlib import Path
+
+from ..compare import CompareError, Model, Task, build_result, check_tasks, chosen_scores, grid_scores, grid_space, \
+    resolve_task, run_compare
+from ..io import atomic_write_text
+from .stages import Progress
+from .study import AblationError, Study, TaskEntry
+
+FEATURE_LAYERS = 4  # Table 8's feature-based column: the last four layers (all, in a smaller model), concatenated
+
+
+def fine_tuning_checkpoint(folder: Path, size: str) -> Path:
+    """The checkpoint a grid starts from: `folder`, or, when it was pre-trained with other dropout than its
+    preset's (`size`), a twin folder (links to its files) whose config has the preset's dropout, so every
+    variant and its random twin fine-tune with the same config."""
+    from ..configuration_bert_suite import BertSuiteConfig
+
+    config = json.loads((folder / "config.json").read_text())
+    keys = ("hidden_dropout_prob", "attention_probs_dropout_prob")
+    preset = BertSuiteConfig.from_preset(size)
+    if all(config.get(k) == getattr(preset, k) for k in keys):
+        return folder
+    twin = folder.parent / f"{folder.name}-finetune"
+    twin.mkdir(exist_ok=True)
+    for path in folder.iterdir():
+        with contextlib.suppress(FileExistsError):  # another --workers process made it first
+            if path.name != "config.json" and not (twin / path.name).exists():
+                (twin / path.name).symlink_to(path.resolve())
+    config.update({k: getattr(preset, k) for k in keys})
+    atomic_write_text(twin / "config.json", json.dumps(config, indent=2))
+    return twin
+
+
+def models_of(study: Study, runs: dict[str, Path]) -> dict[str, Model]:
+    """Every variant as compare's Model, in the file's order: a pre-trained one's final checkpoint, or its
+    source's with fresh weights (random_init) or a BiLSTM before the head."""
+    models = {}
+    for name, variant in study.variants.items():
+        start = str(fine_tuning_checkpoint(runs[variant.source or name] / "final", study.size(variant.source or name)))
+        prefix = "random:" if variant.random_init else "bilstm:" if variant.bilstm else ""
+        models[name] = Model(name, prefix + start, start, variant.random_init, variant.bilstm)
+    return models
+
+
+def space_of(study: Study, task: Task, entry: TaskEntry | None) -> dict:
+    """The task's grid: its own axes where the file gives them, else compare's."""
+    axes = {axis: getattr(entry, axis, None) or getattr(study.compare, axis)
+            for axis in ("learning_rates", "batch_sizes", "epochs")}
+    return grid_space(task, study.compare.seeds, **axes)
+
+
+def check_study_tasks(study: Study, data_dirs: list, vocab: Path) -> None:
+    """Before any pre-training: every compared task's train split reads, its label count fits, and its first
+    examples encode at the study's length with the study's vocabulary (a SQuAD window shorter than its
+    questions would otherwise stop the study after hours of pre-training)."""
+    from ..tokenization import load_pretraining_tokenizer
+
+    tasks = {t.key: resolve_task(t.key, data_dirs or None, t.metric, flag="task") for t in study.tasks
+             if not t.feature_based}
+    try:
+        check_tasks(tasks, None, study.compare.max_seq_length, load_pretraining_tokenizer(str(vocab)))
+    except CompareError as err:
+        raise AblationError(f"{study.path}: compare: {err}") from None
+
+
+def fine_tune(study: Study, out: Path, runs: dict[str, Path], steps: int, data_dirs: list, storage: str | None,
+              progress: Progress | None, worker: bool = False) -> tuple[dict, dict]:
+    """`compare` of every variant (OUT/compare), the feature-based route (not in a `worker`), then the curve's
+    grids (OUT/curve): compare.json's content and {variant: {task: [{step, mean, se, scores}]}}."""
+    models = models_of(study, runs)
+    tuned = [t for t in study.tasks if not t.feature_based]
+    tasks = {t.key: resolve_task(t.key, data_dirs or None, t.metric, flag="task") for t in tuned}
+    max_len = study.compare.max_seq_length
+    try:
+        check_tasks(tasks, next(iter(models.values())), max_len)
+    except CompareError as err:
+        raise AblationError(f"{study.path}: compare: {err}") from None
+    spaces = {t.key: space_of(study, tasks[t.key], t) for t in tuned}
+    overrides = {"disable_tqdm": True}
+    seeds = study.compare.seeds
+    checkpoints = study.pretraining.checkpoints
+    total = len(tasks) * len(models) + len(study.curve_variants) * len(study.curve_tasks) * len(checkpoints) \
+        + (len(study.tasks) - len(tuned)) * len(models)
+    clock = {"done": 0, "started": time.time()}
+
+    def log(line: str) -> None:
+        if progress is not None and not worker:
+            done, spent = clock["done"], time.time() - clock["started"]
+            progress.stage("compare", f"grid {done + 1} of {total}, {line.split(': ', 1)[-1]}; "
+                           + progress.left(spent / done * (total - done) if done else None))
+        clock["done"] += 1
+
+    result = run_compare(models, tasks, study.compare.baseline, seeds, spaces, out / "compare", storage, max_len,
+                         None, overrides, heartbeat_interval=30, grace_period=120, log=log) if tasks else \
+        build_result(study.compare.baseline, seeds, models, {}, {})
+    if not worker:  # the feature route is not shared with the helpers
+        features = {t.record_key: feature_route(study, t, models, out, data_dirs, log) for t in study.tasks
+                    if t.feature_based}
+        result["tasks"] = {t.record_key: result["tasks"].get(t.record_key) or features[t.record_key]
+                           for t in study.tasks}
+    curve: dict = {}
+    curve_tasks = {key: resolve_task(key, data_dirs or None, flag="task") for key in study.curve_tasks}
+    for name in study.curve_variants:
+        for key, task in curve_tasks.items():
+            points = []
+            for step in checkpoints:
+                if step == steps and key in result["tasks"]:  # the compare stage's own grid
+                    entry = result["tasks"][key]["models"][name]
+                    clock["done"] += 1
+                else:
+                    folder = runs[name] / ("final" if step == steps else f"snapshots/step-{step}")
+                    start = str(fine_tuning_checkpoint(folder, study.size(name)))
+                    model = Model(f"{name}@{step}", start, start, False, False)
+                    log(f"curve: curve, {key} with {model.name} ({start})")
+                    scores = grid_scores(task, model, spaces.get(key) or space_of(study, task, None),
+                                         out / "curve" / key / model.name, storage, max_len, None, overrides)
+                    try:
+                        entry = chosen_scores(scores, seeds, f"curve: {key} with {model.name}")
+                    except CompareError as err:
+                        raise AblationError(f"{err} ({out / 'curve' / key / model.name})") from None
+                points.append({"step": step, "mean": entry["mean"], "se": entry["se"], "scores": entry["scores"]})
+            curve.setdefault(name, {})[key] = points
+    return result, curve
+
+
+def feature_route(study: Study, entry: TaskEntry, models: dict, out: Path, data_dirs: list, log) -> dict:
+    """The feature-based route of Table 8's last column (Table 7's method) for an NER task: each variant's frozen
+    last four layers, concatenated, feed a two-layer BiLSTM tagger (as wide as the model) trained once per seed
+    and setting; its dev entity F1 is the score. Features in OUT/features/TASK/NAME, taggers beside them, each
+    variant's under a lock (two runs of the study on one folder)."""
+    import datasets
+
+    from ..feature_based import extract_features, train_tagger
+    from .locks import task_lock
+
+    task = resolve_task(entry.key, data_dirs or None, flag="task")
+    train_file, dev_file = (task.card.splits[s].file for s in (task.card.train_split, task.card.eval_splits[0]))
+    rates = entry.learning_rates or [1e-3]
+    epochs = entry.epochs or [4]
+    batch = (entry.batch_sizes or [32])[0]
+    found = {}
+    for name, model in models.items():
+        log(f"features: feature-based, {entry.key} with {name}")
+        folder = out / "features" / task.card.name / name
+        config = json.loads((Path(model.path) / "config.json").read_text())
+        layers = ",".join(str(-i) for i in range(1, min(FEATURE_LAYERS, config["num_hidden_layers"]) + 1))
+        scores: dict = {}
+        with task_lock(out, task.card.name, name):
+            for split, file in (("train", train_file), ("dev", dev_file)):
+                if not (folder / split / "dataset_info.json").is_file():
+                    extract_features(model.path, Path(task.data_dir) / file, folder / split, task.card, layers,
+                                     "concat", disable_tqdm=True)
+            train, dev = (datasets.load_from_disk(str(folder / split)) for split in ("train", "dev"))
+            if task.labels:
+                train = train.select(range(min(task.labels, len(train))))
+            for rate in rates:
+                for count in epochs:
+                    for seed in study.compare.seeds:
+                        tagger = folder / f"tagger-lr{rate:g}-e{count:g}-seed{seed}"
+                        done = tagger / "all_results.json"
+                        result = json.loads(done.read_text()) if done.is_file() else train_tagger(
+                            train, dev, task.card.labels, tagger, int(count), rate, batch, config["hidden_size"], seed,
+                            disable_tqdm=True)
+                        scores.setdefault((rate, batch, float(count)), {})[seed] = result["eval_f1"]
+        found[name] = scores
+    keyed = Task(entry.record_key, task.card, task.labels, "f1", task.data_dir)
+    return build_result(study.compare.baseline, study.compare.seeds, models, {keyed.key: keyed},
+                        {keyed.key: found})["tasks"][keyed.key]

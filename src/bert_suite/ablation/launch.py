@@ -1,0 +1,209 @@
+"""Processes a study starts: the pre-training recipe (`accelerate launch recipes/pretrain.py`, one run per
+pre-trained variant, or a short calibration run) and the `--workers` helpers on the grids.
+
+Each starts in its own process group (a session of its own), so that stopping the study stops everything it
+started: `stopping()` turns SIGTERM and SIGHUP into an exception like Ctrl-C's, and on the way out every group
+still running gets SIGTERM, is waited for, and gets SIGKILL after STOP_GRACE seconds. A launch's time is
+recorded while it runs and when it stops, however it stops."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from ..io import atomic_write_text
+from .study import AblationError, Study
+
+TIMING_EVERY = 30  # seconds between updates of a running pre-training's entry in timing.json
+STOP_GRACE = 20  # seconds a stopped group has to exit on SIGTERM before SIGKILL
+
+
+class Stopped(KeyboardInterrupt):
+    """The study was sent SIGTERM or SIGHUP: it stops as on Ctrl-C, stopping what it started."""
+
+    def __init__(self, signum: int):
+        super().__init__(f"stopped by {signal.Signals(signum).name}")
+        self.code = 128 + signum
+
+
+@contextlib.contextmanager
+def stopping():
+    """SIGTERM and SIGHUP (a closed terminal) raise Stopped in the main thread while the block runs, so its
+    `finally`s run: the launches and helpers are stopped with their groups."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, frame):
+        raise Stopped(signum)
+
+    before = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)
+
+
+def start(cmd: list[str], log, env: dict) -> subprocess.Popen:
+    """`cmd` in a process group of its own, its output in the open file `log`."""
+    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+
+
+def stop_group(child: subprocess.Popen, grace: float | None = None) -> None:
+    """SIGTERM to the child's whole group, then wait for every process in it (SIGKILL after `grace` seconds)."""
+    grace = STOP_GRACE if grace is None else grace
+    group = child.pid
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(group, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        child.wait(timeout=grace)
+    while _alive(group):  # the leader's children (the recipe, its loader workers) outlive it by a moment
+        if time.monotonic() > deadline:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(group, signal.SIGKILL)
+            deadline = float("inf")
+        time.sleep(0.05)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        child.wait(timeout=5)
+
+
+def _alive(group: int) -> bool:
+    try:
+        os.killpg(group, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
+def recipe_overrides(study: Study, name: str, data: dict[int, Path], vocab: Path, output_dir: Path, steps: int,
+                     **replace) -> dict:
+    """recipes/pretrain.py keys for one pre-trained variant: the study's stages and steps, the shared recipe
+    keys, the variant's own, then `replace`."""
+    first, second = study.instances.max_seq_length, study.instances.phase2_length
+    values = {"train_data": data[first], "tokenizer": vocab, "output_dir": output_dir, "max_steps": steps,
+              "report_to": "none", "resume_from_checkpoint": "auto", "phase1_fraction": 1.0,
+              "logging_steps": max(1, min(50, steps // 20)), "eval_steps": max(1, steps // 10),
+              "save_steps": max(1, steps // 10)}
+    if second:
+        values.update(train_data_phase2=data[second], phase1_fraction=1 - study.instances.phase2_fraction)
+    if study.pretraining.warmup_fraction is not None:
+        values["warmup_steps"] = round(study.pretraining.warmup_fraction * steps)
+    if study.pretraining.checkpoints and name in study.curve_variants:
+        values["snapshot_steps"] = ",".join(str(s) for s in study.pretraining.checkpoints if s < steps) or "[]"
+    values.update({**study.recipe_of(name), **replace})
+    values.setdefault("warmup_steps", min(steps, 10_000))  # the recipe's 10,000 would outlast a short run
+    return values
+
+
+def config_value(overrides: dict, key: str):
+    """A recipe key's value as the recipe reads it (the preset's default when the overrides leave it out)."""
+    from ..pretraining.config import load_pretrain_config
+
+    return getattr(load_pretrain_config(None, [f"{k}={v}" for k, v in overrides.items()]), key)
+
+
+def launch_recipe(overrides: dict, log: Path, timing: Path | None = None) -> float:
+    """`accelerate launch recipes/pretrain.py KEY=VALUE...` with its output in `log`; returns its wall seconds. A
+    failure is an error naming the log, after its last lines. `timing` (a list of {seconds, started, finished})
+    gets this launch's entry at once and its seconds every TIMING_EVERY while it runs, so a run killed with its
+    caller (the end of a session) still counts the time it spent; a launch stopped with the study says so."""
+    recipe = Path(__file__).resolve().parents[3] / "recipes" / "pretrain.py"
+    if not recipe.is_file():
+        raise AblationError(f"{recipe}: the pre-training recipe is not here; run from a clone of the repository "
+                            "(pip install -e .)")
+    config = os.environ.get("BERT_SUITE_ACCELERATE_CONFIG") or str(recipe.parent / "configs" / "accelerate" / (
+        "gpu.yaml" if _cuda() else "cpu.yaml"))
+    cmd = [str(Path(sys.executable).parent / "accelerate"), "launch", "--config_file", config, str(recipe),
+           *(f"{k}={v}" for k, v in overrides.items())]
+    log.parent.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1"), "TOKENIZERS_PARALLELISM": "false"}
+    started = time.time()
+    earlier = json.loads(timing.read_text()) if timing is not None and timing.is_file() else []
+    entry = {"seconds": 0.0, "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+
+    def record(done: bool, stopped: bool = False) -> None:
+        if timing is not None:
+            entry["seconds"] = time.time() - started
+            if done:
+                entry["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
+            if stopped:
+                entry["stopped"] = True
+            timing.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_text(timing, json.dumps([*earlier, entry], indent=2))
+
+    with open(log, "a") as handle:
+        handle.write(f"$ {shlex.join(cmd)}\n")
+        handle.flush()
+        child = start(cmd, handle, env)
+        stopped = False
+        try:
+            while child.poll() is None:
+                record(False)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    child.wait(timeout=TIMING_EVERY)
+            code = child.returncode
+        finally:
+            if child.poll() is None or _alive(child.pid):  # this process is being stopped: so is its recipe
+                stopped = True
+                print(f"[ablation] stopping the pre-training (process group {child.pid})", file=sys.stderr, flush=True)
+                stop_group(child)
+            record(True, stopped)
+    if code:
+        tail = log.read_text(errors="replace").splitlines()[-15:]
+        print("\n".join(tail), file=sys.stderr)
+        raise AblationError(f"pre-training failed (exit {code}); see {log}")
+    return time.time() - started
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def start_helpers(path, out: Path, workers: int, storage: str | None) -> list[subprocess.Popen]:
+    """workers - 1 helper processes on the same grids, each with its share of the cores (this process keeps
+    one share): tiny models use one core better than two, so two workers of one thread finish sooner."""
+    if workers == 1:
+        return []
+    import torch
+
+    threads = max(1, (os.cpu_count() or 2) // workers)
+    torch.set_num_threads(threads)
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1"),
+           "TOKENIZERS_PARALLELISM": "false"}
+    cmd = [str(Path(sys.executable).parent / "bert-suite"), "ablation", str(path), "--output_dir", str(out), "--worker",
+           *(["--storage", storage] if storage else [])]
+    (out / "logs").mkdir(parents=True, exist_ok=True)
+    helpers = []
+    for k in range(1, workers):
+        with open(out / "logs" / f"compare-w{k}.log", "a") as log:
+            helpers.append(start(cmd, log, env))
+    return helpers
+
+
+@contextlib.contextmanager
+def helpers_running(path, out: Path, workers: int, storage: str | None):
+    """The --workers helpers while the block runs: waited for when it ends, stopped with their groups when it
+    fails or the study is stopped. A helper that failed is an error naming its log."""
+    helpers = start_helpers(path, out, workers, storage)
+    try:
+        yield helpers
+    except BaseException:
+        for helper in helpers:
+            stop_group(helper)
+        raise
+    codes = [h.wait() for h in helpers]
+    if any(codes):
+        raise AblationError(f"a --workers helper failed (exit codes {codes}); see {out / 'logs'}/compare-w*.log")

@@ -1,0 +1,150 @@
+"""The study's record: the pre-training facts of each variant, its questions as paired differences (per task
+and along the curve), and ablation.json, ablation.md and ablation.png (again as STEM.* in --results_dir)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from ..io import atomic_write_text, save_figure
+from .stages import data_stats, minutes_of
+from .study import Study
+
+
+def evaluations(run: Path) -> list[dict]:
+    """The held-out evaluations in a recipe run's metrics.jsonl, in step order."""
+    return [e for e in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
+            if any(k.startswith("eval_mlm_") for k in e)]
+
+
+def pretraining_record(study: Study, runs: dict[str, Path], data: dict[int, Path], steps: int) -> dict:
+    """Per pre-trained variant: steps, minutes, tokens (steps x batch x mean instance length, per phase),
+    held-out accuracy of the last evaluation (MLM accuracy at masked positions, or next-token accuracy for a
+    left-to-right model: not comparable), its kind, the NotNext share of its instances and its precision."""
+    record = {}
+    for name, run in runs.items():
+        results = json.loads((run / "pretrain_results.json").read_text())
+        config = results["config"]
+        first = math.ceil(steps * config["phase1_fraction"]) if config.get("train_data_phase2") else steps
+        phases = [(first, config["per_device_train_batch_size"], data_stats(Path(config["train_data"])))]
+        if config.get("train_data_phase2"):
+            phases.append((steps - first, config["per_device_train_batch_size_phase2"] or
+                           config["per_device_train_batch_size"], data_stats(Path(config["train_data_phase2"]))))
+        last = evaluations(run)[-1]
+        record[name] = {"steps": steps, "minutes": round(minutes_of(run), 2),
+                        "tokens": int(sum(s * b * st["mean_instance_length"] for s, b, st in phases)),
+                        "held_out_accuracy": last["eval_mlm_accuracy"],
+                        "held_out_perplexity": last["eval_mlm_perplexity"],  # Table 6's column (MLM models)
+                        "accuracy_kind": "next_token" if config["causal_attention"] else "mlm",
+                        "not_next_share": round(sum(s * st["not_next_share"] for s, _, st in phases) / steps, 4),
+                        "precision": results.get("precision")}
+    return record
+
+
+def contrasts_of(study: Study, result: dict, curve: dict) -> tuple[dict, dict]:
+    """The study's questions as paired differences (first minus second, by seed): per compared task, and along
+    the curve where both variants have one ({label: {task: {"ahead_from": step or None, "points": [...]}}})."""
+    from ..report import paired_comparison
+
+    per_task, along = {}, {}
+    for c in study.contrasts:
+        per_task[c.label] = {key: paired_comparison(entry["models"][c.first]["scores"],
+                                                       entry["models"][c.second]["scores"])
+                                for key, entry in result["tasks"].items()}
+        first, second = curve.get(c.first, {}), curve.get(c.second, {})
+        for key in [k for k in first if k in second]:  # the curve's order, so a rerun writes the same bytes
+            points = [{"step": a["step"], **paired_comparison(a["scores"], b["scores"])}
+                      for a, b in zip(first[key], second[key], strict=True)]
+            ahead = [p["step"] for i, p in enumerate(points) if all(q["verdict"] == "ahead" for q in points[i:])]
+            along.setdefault(c.label, {})[key] = {"ahead_from": ahead[0] if ahead else None, "points": points}
+    return per_task, along
+
+
+def markdown(record: dict, study: Study, decontamination: dict | None) -> str:
+    from ..compare import markdown_table
+    from ..report import md_table
+
+    seeds = record["seeds"]
+    lines = [f"# {study.title}", "", f"`{record['command']}`", "", *markdown_table(record), "",
+             f"Mean ± standard error over seeds {', '.join(map(str, seeds))} (0-100); in brackets the mean per-seed "
+             f"difference from {record['baseline']} ± its SE and the verdict at 2 SE. Each model's setting is the one "
+             "with the best mean dev score over the seeds (per-seed scores and settings: ablation.json).", ""]
+    tasks = list(record["tasks"])
+    if record["contrasts"]:
+        rows = [[label, *(f"{d['difference']:+.1f} ± {d['se']:.1f} [{d['ci95'][0]:+.1f}, {d['ci95'][1]:+.1f}] "
+                          f"{d['verdict']}" for d in (by_task[t] for t in tasks))]
+                for label, by_task in record["contrasts"].items()]
+        lines += ["## The study's questions, paired by seed", "", *md_table(["question", *tasks], rows), "",
+                  "Each cell: first minus second, the mean over the paired seeds ± its SE [95% interval, t with n - 1 "
+                  "degrees of freedom], and the verdict at 2 SE.", ""]
+    if record["curve"]:
+        steps = sorted({p["step"] for by_task in record["curve"].values() for ps in by_task.values() for p in ps})
+        rows = [[name, key, *(next((f"{p['mean']:.1f} ± {p['se']:.1f}" for p in points if p["step"] == s), "")
+                              for s in steps)]
+                for name, by_task in record["curve"].items() for key, points in by_task.items()]
+        lines += ["## Fine-tuning score against pre-training steps", "",
+                  *md_table(["variant", "task", *(f"{s:,}" for s in steps)], rows), ""]
+        for label, by_task in record.get("curve_contrasts", {}).items():
+            for key, found in sorted(by_task.items()):
+                where = (f"ahead by more than 2 SE from step {found['ahead_from']:,} on" if found["ahead_from"]
+                         else f"not ahead by more than 2 SE to the end ({found['points'][-1]['step']:,} steps)")
+                diffs = ", ".join(f"{p['step']:,}: {p['difference']:+.1f} ± {p['se']:.1f}" for p in found["points"])
+                lines.append(f"- {label}, {key}: {where} ({diffs})")
+        lines.append("")
+    rows = [[name, f"{f['steps']:,}", f"{f['minutes']:.1f}", f"{f['tokens']:,}", f"{100 * f['held_out_accuracy']:.1f}%",
+             f["accuracy_kind"], f"{f['not_next_share']:.3f}", str(f.get("precision"))]
+            for name, f in record["pretraining"].items()]
+    lines += ["## Pre-training", "", *md_table(["variant", "steps", "minutes", "tokens", "held-out accuracy", "kind",
+                                                "NotNext share", "precision"], rows), ""]
+    if any(f["accuracy_kind"] == "next_token" for f in record["pretraining"].values()):
+        lines += ["MLM accuracy (at masked positions) and next-token accuracy are not comparable: a masked model sees "
+                  "both sides of the token it predicts, a left-to-right one only the left.", ""]
+    if decontamination:
+        lines += [f"Corpus: {decontamination['sentences_removed']:,} of {decontamination['sentences']:,} sentences "
+                  f"removed by {decontamination['ngram']}-gram decontamination.", ""]
+    if record.get("left_out"):
+        lines += [f"Left out (optional tasks with no data in compare.data_dir): {', '.join(record['left_out'])}.", ""]
+    if study.notes:
+        lines += [study.notes.strip(), ""]
+    return "\n".join(lines)
+
+
+def plot(record: dict, path: Path) -> Path:
+    """Bars per task (each variant's mean ± SE) and, with a curve, a panel per curve task: score against
+    pre-training steps per variant."""
+    from matplotlib.figure import Figure
+
+    from ..compare import bars
+
+    curve_tasks = list(dict.fromkeys(key for by_task in record["curve"].values() for key in by_task))
+    width = 1.6 + 1.3 * len(record["tasks"]) * max(1, len(record["models"])) / 3
+    fig = Figure(figsize=(width + 4.2 * len(curve_tasks), 4.2), layout="constrained")
+    grid = fig.add_gridspec(1, 1 + len(curve_tasks), width_ratios=[width] + [4.2] * len(curve_tasks))
+    bars(fig.add_subplot(grid[0, 0]), record)
+    for i, key in enumerate(curve_tasks, start=1):
+        ax = fig.add_subplot(grid[0, i])
+        for name, by_task in record["curve"].items():
+            if key in by_task:
+                points = by_task[key]
+                ax.errorbar([p["step"] for p in points], [p["mean"] for p in points],
+                            yerr=[p["se"] or 0 for p in points], marker="o", capsize=3, label=name)
+        steps = sorted({p["step"] for by_task in record["curve"].values() for p in by_task.get(key, [])})
+        ax.set_xscale("log")
+        ax.minorticks_off()
+        ax.set_xticks(steps, labels=[f"{s:,}" for s in steps])
+        ax.set(xlabel="pre-training steps", ylabel="dev score (0-100)", title=f"{key}: score against steps")
+        ax.legend(fontsize=8)
+    return save_figure(fig, path)
+
+
+def write_record(record: dict, study: Study, out: Path, decontamination: dict | None, results_dir: Path | None) -> None:
+    text = markdown(record, study, decontamination)
+    targets = [(out, "ablation")] + ([(results_dir, study.stem)] if results_dir else [])
+    for folder, stem in targets:
+        folder.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(folder / f"{stem}.json", json.dumps(record, indent=2) + "\n")
+        atomic_write_text(folder / f"{stem}.md", text)
+        plot(record, folder / f"{stem}.png")
+    print(text)
+    print(f"[ablation] wrote {', '.join(str(folder / stem) + '.{json,md,png}' for folder, stem in targets)}")

@@ -1,0 +1,343 @@
+"""The data stages, each in a folder of the study's output: squad_small/, corpus/, vocabulary/, instances/LENGTH/
+and, with `pretraining.minutes`, calibration/NAME/ (the steps every variant gets).
+
+A stage runs only from the settings it was made with: before it runs, stages/NAME.json records the exact
+arguments its function receives (defaults included) and a fingerprint of every input file it reads from
+outside the folder (size and SHA-256); a rerun with any of them different is refused with one line naming the
+stage, the setting and both values, because a stage's outputs feed every later one."""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+from pathlib import Path
+
+from ..io import atomic_write_text
+from .study import AblationError, Study
+
+NGRAM = 8  # decontamination: a sentence sharing this many consecutive words with evaluation text goes
+CALIBRATION_STEPS = 40  # pretraining.minutes: steps of each variant's calibration run
+BUDGET_SHARE = 0.85  # pretraining.minutes: the share of the budget planned for steps (the rest: evaluations, saving)
+HASHED = 256 << 20  # inputs up to this size are fingerprinted by content; larger ones by size and time
+
+
+class Progress:
+    """A line per stage: what is done, what remains, and an estimate of the time left."""
+
+    STAGES = ("squad-small", "corpus", "vocabulary", "instances", "pretraining", "compare", "record")
+
+    def stage(self, name: str, text: str) -> None:
+        print(f"[ablation] {self.STAGES.index(name) + 1}/{len(self.STAGES)} {name}: {text}", flush=True)
+
+    @staticmethod
+    def left(seconds: float | None) -> str:
+        if seconds is None:
+            return "time left: estimated after the first one"
+        hours, rest = divmod(int(seconds), 3600)
+        return "about " + (f"{hours}h{rest // 60:02d}m" if hours else f"{max(1, rest // 60)} min") + " left"
+
+
+# ------------------------------------------------------------------------------------------- the records
+
+
+def arguments(function, skip: tuple = (), **given) -> dict:
+    """The arguments `function` receives from `given`, its defaults filled in (less `skip`): a stage's settings."""
+    bound = inspect.signature(function).bind_partial(**given)
+    bound.apply_defaults()
+    return {k: v for k, v in bound.arguments.items() if k not in skip}
+
+
+def fingerprint(path: str | Path) -> dict:
+    path = Path(path)
+    stat = path.stat()
+    if stat.st_size > HASHED:
+        return {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return {"size": stat.st_size, "sha256": digest.hexdigest()}
+
+
+def _plain(value):
+    return json.loads(json.dumps(value, default=str))
+
+
+def _differences(recorded, wanted, prefix: str = "") -> list[tuple[str, object, object]]:
+    """(key, recorded, wanted) for each setting that differs, nested keys joined with '.'."""
+    if isinstance(recorded, dict) and isinstance(wanted, dict):
+        return [d for key in dict.fromkeys([*recorded, *wanted])
+                for d in _differences(recorded.get(key), wanted.get(key), f"{prefix}.{key}".lstrip("."))]
+    return [] if recorded == wanted else [(prefix, recorded, wanted)]
+
+
+def _shown(value) -> str:
+    text = "absent" if value is None else json.dumps(value) if not isinstance(value, str) else value
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+def check_stage(out: Path, name: str, settings: dict, inputs: list, started: bool, legacy: dict | None = None) -> None:
+    """Record `settings` and the fingerprints of `inputs` in OUT/stages/NAME.json before the stage runs, or
+    refuse when a record (or, with none, outputs: `started`) says the stage was made otherwise. `legacy`: the
+    settings as records before fingerprints held them; such a record that agrees is brought up to date."""
+    marker = out / "stages" / f"{name.replace('/', '-')}.json"
+    wanted = {"settings": _plain(settings), "inputs": {str(p): fingerprint(p) for p in dict.fromkeys(map(str, inputs))}}
+    recorded = json.loads(marker.read_text()) if marker.is_file() else None
+    if recorded is not None and "settings" not in recorded:  # the earlier form: the settings alone
+        if legacy is None or recorded != _plain(legacy):
+            differing = sorted(k for k in {**recorded, **(legacy or {})} if recorded.get(k) != _plain(legacy or {}).get(k))
+            raise AblationError(f"{out}: the {name} stage was made with other settings ({', '.join(differing)}; see "
+                                f"{marker}); give another --output_dir, or the same settings")
+    elif recorded is not None:
+        found = _differences(recorded["settings"], wanted["settings"])
+        if found:
+            key, before, now = found[0]
+            raise AblationError(f"{out}: the {name} stage was made with other settings: {key} was {_shown(before)}, "
+                                f"now {_shown(now)} (see {marker}); give another --output_dir, or the same settings")
+        for path, before in recorded["inputs"].items():
+            now = wanted["inputs"].get(path)
+            if now != before:
+                raise AblationError(f"{out}: the {name} stage read {path} as {_shown(before)}, now "
+                                    + (f"{_shown(now)}" if now else "it is not among the inputs")
+                                    + f" (see {marker}); restore it, or give another --output_dir")
+        extra = [p for p in wanted["inputs"] if p not in recorded["inputs"]]
+        if extra:
+            raise AblationError(f"{out}: the {name} stage was made without {extra[0]} (see {marker}); give another "
+                                "--output_dir, or the same inputs")
+        return
+    elif started:
+        raise AblationError(f"{out}: the {name} stage has outputs but no record of its settings ({marker}); give "
+                            "another --output_dir")
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(marker, json.dumps(wanted, indent=2))
+
+
+# ------------------------------------------------------------------------------------------- the stages
+
+
+def task_data(study: Study, out: Path, progress: Progress) -> list:
+    """compare.data_dir with a squad_small entry that is the official dev-v1.1.json replaced by its split in
+    OUT/squad_small (built once)."""
+    from ..cards import load_card
+    from ..compare import DataDir
+    from ..squad_small import build_squad_small
+
+    dirs = []
+    for entry in study.compare.data_dirs:
+        if entry.task and Path(entry.folder).is_file() and load_card(entry.task).name == "squad_small":
+            small = out / "squad_small"
+            settings = arguments(build_squad_small, source=entry.folder, output_dir=small)
+            check_stage(out, "squad_small", settings, [entry.folder], (small / "split.json").is_file(),
+                        legacy={"input": entry.folder})
+            if not (small / "split.json").is_file():
+                build_squad_small(**settings)
+            progress.stage("squad-small", f"done ({small} from {entry.folder})")
+            entry = DataDir(str(small), entry.task)
+        dirs.append(entry)
+    return dirs
+
+
+def build_corpus(study: Study, out: Path, data_dirs: list, progress: Progress) -> tuple[list[Path], dict]:
+    """OUT/corpus/clean*: the files and the task texts in the lines format, without the compared tasks' dev and
+    test sentences (when corpus.decontaminate). Returns the files and the decontamination counts."""
+    from ..cards import load_card
+    from ..compare import data_dir_for
+    from ..pretraining.decontaminate import decontaminate
+    from ..task_corpus import write_task_corpus
+
+    corpus = out / "corpus"
+    against = evaluation_files(study, data_dirs) if study.corpus.decontaminate else []
+    texts = [arguments(write_task_corpus, card=load_card(t), output_dir=corpus / "tasks",
+                       data_dir=data_dir_for(load_card(t), data_dirs)) for t in study.corpus.task_texts]
+    parts = [arguments(decontaminate, ("log",), inputs=files, against=against, output_dir=folder, ngram=NGRAM, fmt=fmt)
+             for folder, files, fmt in ((corpus / "clean", [str(f) for f in study.corpus.files], "auto"),
+                                        (corpus / "clean_tasks", [str(corpus / "tasks" / f"{t['card'].name}-train.txt")
+                                                                  for t in texts], "lines")) if files]
+    task_files = [train_file(t["card"], t["data_dir"]) for t in texts]
+    check_stage(out, "corpus", {"task_texts": [{**t, "card": t["card"].name} for t in texts], "decontaminate": parts},
+                [*study.corpus.files, *task_files, *against],
+                any((Path(p["output_dir"]) / "decontamination.json").is_file() for p in parts),
+                legacy={"input": [f for p in parts for f in p["inputs"]], "against": against, "ngram": NGRAM})
+    for settings in texts:
+        if not (corpus / "tasks" / f"{settings['card'].name}-train.txt").is_file():
+            write_task_corpus(**settings)
+    totals = dict.fromkeys(("sentences", "sentences_removed"), 0)
+    for settings in parts:
+        folder = Path(settings["output_dir"])
+        if not (folder / "decontamination.json").is_file():
+            try:
+                decontaminate(**settings, log=lambda _: None)
+            except ValueError as err:
+                raise AblationError(f"{study.path}: corpus: {err}") from None
+        report = json.loads((folder / "decontamination.json").read_text())
+        for key in totals:
+            totals[key] += report[key]
+    if totals["sentences"] == totals["sentences_removed"]:
+        raise AblationError(f"{study.path}: corpus: empty after decontamination (all {totals['sentences']:,} sentences "
+                            "share an 8-word sequence with the compared tasks' dev or test files); expected other text")
+    clean = [Path(p["output_dir"]) / Path(f).name for p in parts for f in p["inputs"]]
+    progress.stage("corpus", f"done ({len(clean)} files; {totals['sentences_removed']:,} of {totals['sentences']:,} "
+                   f"sentences removed by {NGRAM}-gram decontamination against {len(against)} evaluation files)")
+    return clean, {"ngram": NGRAM, **totals}
+
+
+def train_file(card, data_dir: str | None) -> Path:
+    return Path(data_dir or ".") / card.splits[card.train_split].file
+
+
+def evaluation_files(study: Study, data_dirs: list) -> list[str]:
+    """The dev and test files (every split but train) of each compared and curve task, from its data folder."""
+    from ..compare import resolve_task
+
+    found = []
+    for key in dict.fromkeys([t.key for t in study.tasks] + study.curve_tasks):
+        task = resolve_task(key, data_dirs or None, flag="task")
+        for split, spec in task.card.splits.items():
+            path = Path(task.data_dir) / (spec.file or "")
+            if split != task.card.train_split and spec.file and path.is_file() and str(path) not in found:
+                found.append(str(path))
+    return found
+
+
+def build_vocabulary(study: Study, out: Path, corpus: list[Path], progress: Progress) -> Path:
+    from ..pretraining.tokenizer import train_tokenizer
+
+    if study.vocabulary.vocab_file is not None:
+        progress.stage("vocabulary", f"{study.vocabulary.vocab_file} as is")
+        return study.vocabulary.vocab_file
+    folder = out / "vocabulary"
+    settings = arguments(train_tokenizer, ("num_proc",), files=[str(f) for f in corpus],
+                         vocab_size=study.vocabulary.vocab_size, lowercase=study.vocabulary.lowercase,
+                         output_dir=str(folder))
+    check_stage(out, "vocabulary", settings, [], (folder / "vocab.txt").is_file(),
+                legacy={"input": corpus, "vocab_size": study.vocabulary.vocab_size,
+                        "lowercase": study.vocabulary.lowercase})
+    if not (folder / "vocab.txt").is_file():
+        train_tokenizer(**settings)  # the pools' cores: the same vocabulary as one process's
+    progress.stage("vocabulary", f"done ({sum(1 for _ in open(folder / 'vocab.txt', encoding='utf-8')):,} pieces)")
+    return folder
+
+
+def build_instances(study: Study, out: Path, corpus: list[Path], vocab: Path, progress: Progress) -> dict[int, Path]:
+    """OUT/instances/LENGTH at max_seq_length (dupe_factor passes) and phase2_length (one pass): {length: folder}."""
+    from ..pretraining.instances import build_pretraining_dataset
+    from ..tokenization import load_pretraining_tokenizer
+
+    lengths = study.instances.lengths
+    data = {}
+    for length in lengths:
+        folder = out / "instances" / str(length)
+        dupe = study.instances.dupe_factor if length == lengths[0] else 1
+        settings = arguments(build_pretraining_dataset, ("num_proc",), files=[str(f) for f in corpus],
+                             tokenizer=str(vocab), output_dir=str(folder), max_seq_length=length, dupe_factor=dupe,
+                             fmt="lines", balance_nsp=study.instances.balance_nsp)
+        inputs = [vocab] if vocab == study.vocabulary.vocab_file else []
+        check_stage(out, f"instances-{length}", settings, inputs, (folder / "pretrain_data_stats.json").is_file(),
+                    legacy={"input": corpus, "tokenizer": vocab, "max_seq_length": length, "dupe_factor": dupe,
+                            "balance_nsp": study.instances.balance_nsp})
+        if not (folder / "pretrain_data_stats.json").is_file():
+            build_pretraining_dataset(**{**settings, "tokenizer": load_pretraining_tokenizer(str(vocab))})
+        data[length] = folder
+        stats = data_stats(folder)
+        progress.stage("instances", f"{length} tokens done ({stats['instances']:,} instances, NotNext share "
+                       f"{stats['not_next_share']:.3f})")
+    return data
+
+
+def data_stats(folder: Path) -> dict:
+    return json.loads((folder / "pretrain_data_stats.json").read_text())
+
+
+def plan_steps(study: Study, out: Path, data: dict[int, Path], vocab: Path, progress: Progress) -> int:
+    """pretraining.steps, or with pretraining.minutes the steps the slowest variant fits in them: each variant
+    runs CALIBRATION_STEPS steps (half in each phase) and its last logged window gives seconds per step."""
+    from .launch import config_value, launch_recipe, recipe_overrides
+
+    if study.pretraining.steps is not None:
+        return study.pretraining.steps
+    per_step = {}
+    phase2 = bool(study.instances.phase2_length)
+    for name in study.pretrained:
+        folder = out / "calibration" / name
+        result = folder / "calibration.json"
+        overrides = recipe_overrides(study, name, data, vocab, folder / "run", CALIBRATION_STEPS,
+                                     logging_steps=CALIBRATION_STEPS // (4 if phase2 else 2),
+                                     eval_steps=CALIBRATION_STEPS, save_steps=CALIBRATION_STEPS, eval_batches=1,
+                                     resume_from_checkpoint="null", snapshot_steps="[]",
+                                     **({"phase1_fraction": 0.5} if phase2 else {}))
+        check_stage(out, f"calibration/{name}", {"recipe": overrides}, [], result.is_file(),
+                    legacy={"overrides": [f"{k}={v}" for k, v in overrides.items()]})
+        if not result.is_file():
+            seconds = launch_recipe(overrides, folder / "calibration.log")
+            logs = [json.loads(line) for line in (folder / "run" / "metrics.jsonl").read_text().splitlines()]
+            measured = {}
+            for phase, length in enumerate(data, start=1):
+                windows = [log for log in logs if log["phase"] == phase]
+                batch = config_value(overrides, "per_device_train_batch_size" if phase == 1 else
+                                     "per_device_train_batch_size_phase2") or config_value(overrides,
+                                                                                           "per_device_train_batch_size")
+                if windows:
+                    measured[phase] = batch * data_stats(data[length])["mean_instance_length"] / windows[-1][
+                        "tokens_per_second"]
+            atomic_write_text(result, json.dumps({"seconds_per_step": measured, "wall_seconds": seconds}, indent=2))
+        measured = {int(k): v for k, v in json.loads(result.read_text())["seconds_per_step"].items()}
+        share2 = study.instances.phase2_fraction if 2 in measured else 0.0
+        per_step[name] = (1 - share2) * measured[1] + share2 * measured.get(2, measured[1])
+    slowest = max(per_step, key=per_step.get)
+    steps = max(1, int(study.pretraining.minutes * 60 * BUDGET_SHARE / per_step[slowest]))
+    late = [s for s in study.pretraining.checkpoints if s > steps]
+    if late:
+        raise AblationError(f"{study.path}: pretraining.checkpoints: step {late[0]} is beyond the {steps:,} steps "
+                            f"that {study.pretraining.minutes:g} minutes give; expected steps up to {steps:,}")
+    progress.stage("pretraining", f"{steps:,} steps for every variant in {study.pretraining.minutes:g} minutes "
+                   f"({slowest} is the slowest: {per_step[slowest]:.3f} s a step)")
+    return steps
+
+
+# ------------------------------------------------------------------------------------------- pre-training
+
+
+def finished_steps(run: Path) -> int | None:
+    results = run / "pretrain_results.json"
+    if results.is_file() and (run / "final" / "config.json").is_file():
+        return json.loads(results.read_text())["step"]
+    return None
+
+
+def minutes_of(run: Path) -> float:
+    timing = run / "timing.json"
+    return sum(t["seconds"] for t in json.loads(timing.read_text())) / 60 if timing.is_file() else 0.0
+
+
+def pretrain(study: Study, out: Path, data: dict[int, Path], vocab: Path, steps: int, only: list[str] | None,
+             progress: Progress) -> dict[str, Path]:
+    """Run (or resume) the recipe for each pre-trained variant (`only`: these), one after another, each under
+    its lock: a variant another process is training is waited for, then found done."""
+    from ..pretraining.checkpoints import complete_checkpoints
+    from .launch import launch_recipe, recipe_overrides
+    from .locks import variant_lock
+
+    runs = {name: out / "pretraining" / name for name in study.pretrained}
+    todo = list(only or study.pretrained)
+    pace = []  # seconds per step of the runs finished in this process
+    for number, name in enumerate(todo):
+        run = runs[name]
+        overrides = recipe_overrides(study, name, data, vocab, run, steps)
+        with variant_lock(out, name):
+            check_stage(out, f"pretraining/{name}", {"recipe": overrides}, [], run.is_dir() and any(run.iterdir()),
+                        legacy={"overrides": [f"{k}={v}" for k, v in overrides.items()]})
+            done = finished_steps(run)
+            if done is not None and done != steps:
+                raise AblationError(f"{run} holds a finished run of {done:,} steps, not {steps:,}; give another "
+                                    "--output_dir")
+            if done is None:
+                remaining = (len(todo) - number) * steps
+                progress.stage("pretraining", f"{name} ({number + 1} of {len(todo)}: {', '.join(todo[number:])} to go; "
+                               f"{steps:,} steps each); " + progress.left(pace[-1] * remaining if pace else None))
+                found = complete_checkpoints(run / "checkpoints")
+                first = int(found[-1].name.split("-")[1]) if found else 0  # where the recipe resumes
+                seconds = launch_recipe(overrides, out / "logs" / f"pretraining-{name}.log", run / "timing.json")
+                pace.append(seconds / max(steps - first, 1))
+        progress.stage("pretraining", f"{name} done ({steps:,} steps, {minutes_of(run):.1f} minutes)")
+    return runs

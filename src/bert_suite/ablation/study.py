@@ -1,0 +1,557 @@
+"""The study file read into dataclasses: every section checked as it is read, every error one line naming the
+file, the key and what was expected, before anything is written (docs/ablation.md, "The file")."""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import glob
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from ..compare import CompareError, DataDir, Task, resolve_task
+
+SECTIONS = {  # key -> its keys (None: free text; pretraining also takes the recipe's keys)
+    "base": None, "title": None, "notes": None,
+    "corpus": ("files", "task_texts", "decontaminate"),
+    "vocabulary": ("vocab_size", "lowercase", "vocab_file"),
+    "instances": ("max_seq_length", "dupe_factor", "balance_nsp", "phase2_length", "phase2_fraction"),
+    "pretraining": ("steps", "minutes", "checkpoints", "warmup_fraction"),
+    "variants": (),
+    "compare": ("baseline", "seeds", "tasks", "learning_rates", "batch_sizes", "epochs", "max_seq_length", "data_dir"),
+    "curve": ("variants", "tasks"),
+    "contrasts": (),
+}
+REQUIRED = ("corpus", "vocabulary", "pretraining", "variants", "compare")
+TASK_KEYS = ("task", "metric", "learning_rates", "batch_sizes", "epochs", "feature_based", "optional")
+AXES = ("learning_rates", "batch_sizes", "epochs")
+# recipe keys the study sets itself, from its stages and its `steps`
+OWNED = ("train_data", "train_data_phase2", "tokenizer", "output_dir", "max_steps", "phase1_fraction",
+         "snapshot_steps", "resume_from_checkpoint")
+_VAR = re.compile(r"\$\{(\w+)(?::-([^}]*))?\}")
+_NAME = re.compile(r"[A-Za-z0-9][\w.-]*")
+
+
+class AblationError(ValueError):
+    """A study file or stage that cannot be used; the message names the file, the key and what was expected."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Corpus:
+    files: list[Path]
+    task_texts: list[str]  # task names whose train texts join the corpus
+    decontaminate: bool = True
+
+
+@dataclass(frozen=True, kw_only=True)
+class Vocabulary:
+    vocab_size: int | None = None  # a WordPiece vocabulary learned on the corpus...
+    lowercase: bool = True
+    vocab_file: Path | None = None  # ...or a released vocab.txt, used as is
+
+
+@dataclass(frozen=True, kw_only=True)
+class Instances:
+    max_seq_length: int = 128
+    dupe_factor: int = 5
+    balance_nsp: bool = False
+    phase2_length: int | None = None
+    phase2_fraction: float = 0.1
+
+    @property
+    def lengths(self) -> list[int]:
+        """Each phase's length, in order."""
+        return [self.max_seq_length] + ([self.phase2_length] if self.phase2_length else [])
+
+
+@dataclass(frozen=True, kw_only=True)
+class Pretraining:
+    recipe: dict  # the recipe keys every variant shares
+    steps: int | None  # equal steps, or None with `minutes`
+    minutes: float | None
+    checkpoints: list[int]
+    warmup_fraction: float | None
+
+
+@dataclass(kw_only=True)
+class Variant:
+    name: str
+    recipe: dict = field(default_factory=dict)  # the recipe keys in which a pre-trained variant differs
+    source: str | None = None  # `from`: a fine-tuning-only variant of this pre-trained one
+    random_init: bool = False
+    bilstm: bool = False
+
+
+@dataclass(kw_only=True)
+class TaskEntry:
+    key: str  # TASK[@LABELS]
+    metric: str | None = None  # None: the card's
+    learning_rates: list | None = None  # None: compare's axes
+    batch_sizes: list | None = None
+    epochs: list | None = None
+    feature_based: bool = False
+    optional: bool = False
+
+    @property
+    def record_key(self) -> str:
+        return self.key + " (feature-based)" if self.feature_based else self.key
+
+
+@dataclass(frozen=True, kw_only=True)
+class Compare:
+    baseline: str
+    seeds: list[int]
+    learning_rates: list | None
+    batch_sizes: list | None
+    epochs: list | None
+    max_seq_length: int | None
+    data_dirs: list[DataDir]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Contrast:
+    first: str
+    second: str
+    label: str
+
+
+@dataclass(kw_only=True)
+class Study:
+    path: Path
+    raw: dict  # the file as read (its `base` merged in): the record's `ablation`
+    title: str
+    notes: str
+    corpus: Corpus
+    vocabulary: Vocabulary
+    instances: Instances
+    pretraining: Pretraining
+    variants: dict[str, Variant]
+    compare: Compare
+    tasks: list[TaskEntry]  # the tasks that run
+    curve_variants: list[str]
+    curve_tasks: list[str]
+    contrasts: list[Contrast]
+    left_out: dict[str, str] = field(default_factory=dict)  # optional tasks without data -> why
+
+    @property
+    def pretrained(self) -> list[str]:
+        return [name for name, v in self.variants.items() if v.source is None]
+
+    def recipe_of(self, name: str) -> dict:
+        """The recipe keys of a pre-trained variant: the shared ones, then its own."""
+        return {**self.pretraining.recipe, **self.variants[name].recipe}
+
+    def size(self, name: str) -> str:
+        """The model size preset a pre-trained variant uses."""
+        return self.recipe_of(name).get("model_size", "tiny")
+
+    @property
+    def stem(self) -> str:
+        return self.path.stem
+
+
+def load_study(path: str | Path) -> Study:
+    """Read and check a study file; every path in it is relative to the file that writes it (the study or its
+    `base`), after `${VAR}` and `${VAR:-default}` are replaced from the environment."""
+    path = Path(path)
+    raw, folders = read_with_base(path)
+    read = Reader(path, folders)
+    read.known("", raw, SECTIONS)
+    for key in REQUIRED:
+        if key not in raw:
+            read.bad(key, "missing; a study needs " + ", ".join(REQUIRED))
+    corpus = read.corpus(raw["corpus"])
+    vocabulary = read.vocabulary(raw["vocabulary"])
+    pretraining = read.pretraining(raw["pretraining"])
+    variants = read.variants(raw["variants"], pretraining)
+    compare, tasks, left_out = read.compare(raw["compare"], variants)
+    curve_variants, curve_tasks = read.curve(raw.get("curve") or {}, variants, pretraining.checkpoints, compare)
+    read.task_texts(corpus, compare)
+    if corpus.decontaminate:
+        read.local_data([t.key for t in tasks] + curve_tasks, compare)
+    contrasts = [Contrast(first=read.variant(f"contrasts[{i}].first", c["first"], variants),
+                          second=read.variant(f"contrasts[{i}].second", c["second"], variants), label=str(c["label"]))
+                 for i, c in enumerate(read.listed("contrasts", raw.get("contrasts") or [], dict,
+                                                   "{first, second, label}"))
+                 if read.known(f"contrasts[{i}]", c, ("first", "second", "label"), required=True)]
+    return Study(path=path, raw=raw, title=str(raw.get("title") or path.stem), notes=str(raw.get("notes") or ""),
+                 corpus=corpus, vocabulary=vocabulary, instances=read.instances(raw.get("instances") or {}),
+                 pretraining=pretraining, variants=variants, compare=compare, tasks=tasks,
+                 curve_variants=curve_variants, curve_tasks=curve_tasks, contrasts=contrasts, left_out=left_out)
+
+
+def read_yaml(path: Path, what: str = "the study file") -> dict:
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as err:
+        raise AblationError(f"{path}: cannot read {what} ({err.strerror})") from None
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f"line {mark.line + 1}: " if mark else ""
+        raise AblationError(f"{path}: {where}not YAML ({getattr(err, 'problem', None) or err})") from None
+    if not isinstance(raw, dict):
+        raise AblationError(f"{path}: expected a mapping of sections (title, corpus, vocabulary, ...), got "
+                            f"{type(raw).__name__}")
+    return raw
+
+
+def read_with_base(path: Path, seen: tuple = ()) -> tuple[dict, dict]:
+    """The file with its `base: FILE` (relative to it; a base may have its own) merged in: a section the file
+    gives replaces the base's, key by key for mappings. The sections keep the place of the `base` key, so a file
+    that moved its shared sections to a base reads as it did. Returns (the merged sections, {(section, key):
+    the folder of the file that wrote it}), for the paths."""
+    raw = read_yaml(path, "the study file" if not seen else "its base")
+    folder = path.resolve().parent
+    if "base" not in raw:
+        return raw, {(section, key): folder for section, value in raw.items()
+                     for key in (value if isinstance(value, dict) else [None])}
+    base_value = raw["base"]
+    if not isinstance(base_value, str):
+        raise AblationError(f"{path}: base: expected the path of a study file whose sections this one shares, "
+                            f"got {base_value!r}")
+    base_path = Path(os.path.normpath(folder / Path(_expand(base_value, path, "base")).expanduser()))
+    if base_path.resolve() in seen or base_path.resolve() == path.resolve():
+        raise AblationError(f"{path}: base: {base_value} includes itself (a cycle of bases)")
+    if not base_path.is_file():
+        raise AblationError(f"{path}: base: {base_path} is not a file; expected a study file to share sections with")
+    inherited, folders = read_with_base(base_path, (*seen, path.resolve()))
+    merged: dict = {}
+    for key, value in raw.items():
+        if key == "base":  # the base's sections here, each merged with the file's own
+            for section, shared in inherited.items():
+                own = raw.get(section)
+                merged[section] = {**shared, **own} if isinstance(shared, dict) and isinstance(own, dict) else \
+                    (own if section in raw else shared)
+        elif key not in inherited:
+            merged[key] = value
+    for section, value in raw.items():
+        for key in (value if isinstance(value, dict) else [None]):
+            if section != "base":
+                folders[(section, key)] = folder
+    return merged, folders
+
+
+def _expand(text: str, path: Path, key: str) -> str:
+    def var(match):
+        found = os.environ.get(match[1]) or match[2]
+        if found is None:
+            raise AblationError(f"{path}: {key}: ${{{match[1]}}} is not set; set it, or write ${{{match[1]}:-DEFAULT}}")
+        return found
+    return _VAR.sub(var, text)
+
+
+class Reader:
+    """A study file's sections, each checked as it is read; every error names the file and the key."""
+
+    def __init__(self, path: Path, folders: dict | None = None):
+        self.path, self.folders = path, folders or {}
+
+    def bad(self, key: str, why: str):
+        raise AblationError(f"{self.path}: {key}: {why}")
+
+    def known(self, where: str, mapping, allowed, required: bool = False) -> dict:
+        """`mapping`, whose keys must be among `allowed` (all of them with `required`)."""
+        if not isinstance(mapping, dict):
+            self.bad(where or "the file", "expected a mapping of keys to values")
+        for key in mapping:
+            if key not in allowed:
+                close = difflib.get_close_matches(str(key), list(allowed), n=1, cutoff=0.6)
+                self.bad(f"{where}.{key}".lstrip("."), "unknown key; " + (
+                    f"did you mean {close[0]}?" if close else f"expected one of {', '.join(allowed)}"))
+        if required and not all(k in mapping for k in allowed):
+            self.bad(where, f"expected {', '.join(allowed)}")
+        return mapping
+
+    def kind(self, key: str, value, types, what: str):
+        """`value`, which must be of `types` (a bool is not a number here)."""
+        allowed = types if isinstance(types, tuple) else (types,)
+        if not isinstance(value, types) or isinstance(value, bool) and bool not in allowed:
+            self.bad(key, f"expected {what}, got {value!r}")
+        return value
+
+    def listed(self, key: str, value, item_types, what: str) -> list:
+        """A list (or one value, as a list of one) of `item_types`."""
+        value = [value] if isinstance(value, (str, int, float)) and not isinstance(value, bool) else value
+        self.kind(key, value, list, f"a list of {what}")
+        return [self.kind(key, v, item_types, what) for v in value]
+
+    def local(self, key: str, value: str) -> Path:
+        """A path of the file: environment variables replaced, relative to the folder of the file that wrote it."""
+        section, _, name = key.partition(".")
+        folder = self.folders.get((section, name or None), self.path.resolve().parent)
+        text = _expand(self.kind(key, value, str, "a path"), self.path, key)
+        return Path(os.path.normpath(folder / Path(text).expanduser()))
+
+    def variant(self, key: str, name, variants: dict) -> str:
+        if name not in variants:
+            self.bad(key, f"{name} is not a variant; expected one of {', '.join(variants)}")
+        return name
+
+    def corpus(self, section) -> Corpus:
+        section = self.known("corpus", section, SECTIONS["corpus"])
+        files = []
+        for pattern in self.listed("corpus.files", section.get("files", []), str, "paths or globs"):
+            found = sorted(glob.glob(str(self.local("corpus.files", pattern))))
+            if not found:
+                self.bad("corpus.files", f"{pattern} matches no file")
+            files += [Path(f) for f in found if Path(f).is_file()]
+        task_texts = self.listed("corpus.task_texts", section.get("task_texts", []), str, "task names")
+        if not files and not task_texts:
+            self.bad("corpus", "no text: expected files, task_texts or both")
+        decontaminate = self.kind("corpus.decontaminate", section.get("decontaminate", True), bool, "true or false")
+        return Corpus(files=files, task_texts=task_texts, decontaminate=decontaminate)
+
+    def vocabulary(self, section) -> Vocabulary:
+        section = self.known("vocabulary", section, SECTIONS["vocabulary"])
+        vocab_file = section.get("vocab_file")
+        if (vocab_file is None) == ("vocab_size" not in section):
+            self.bad("vocabulary", "expected vocab_size (with lowercase) or vocab_file (a released vocab.txt), one "
+                     "of them")
+        if vocab_file is not None:
+            vocab_file = self.local("vocabulary.vocab_file", vocab_file)
+            if not vocab_file.is_file():
+                self.bad("vocabulary.vocab_file", f"{vocab_file} is not a file; expected a vocab.txt")
+        elif self.kind("vocabulary.vocab_size", section["vocab_size"], int, "a whole number") < 6:
+            self.bad("vocabulary.vocab_size", f"expected room for the 5 special tokens and some text, got "
+                     f"{section['vocab_size']}")
+        lowercase = self.kind("vocabulary.lowercase", section.get("lowercase", True), bool, "true or false")
+        return Vocabulary(vocab_size=section.get("vocab_size"), lowercase=lowercase, vocab_file=vocab_file)
+
+    def instances(self, section) -> Instances:
+        values = {**self.known("instances", section, SECTIONS["instances"])}
+        for key in ("max_seq_length", "dupe_factor"):
+            if key in values and self.kind(f"instances.{key}", values[key], int, "a positive whole number") < 1:
+                self.bad(f"instances.{key}", f"expected a positive whole number, got {values[key]}")
+        if values.get("phase2_length") is not None:
+            self.kind("instances.phase2_length", values["phase2_length"], int, "a whole number")
+        if "balance_nsp" in values:
+            self.kind("instances.balance_nsp", values["balance_nsp"], bool, "true or false")
+        share = values.get("phase2_fraction", 0.1)
+        if not 0 < self.kind("instances.phase2_fraction", share, (int, float), "a share") < 1:
+            self.bad("instances.phase2_fraction", f"expected a share between 0 and 1, got {share}")
+        return Instances(**values)
+
+    def pretraining(self, section) -> Pretraining:
+        section = dict(self.kind("pretraining", section, dict, "a mapping of keys to values"))
+        own = {k: section.pop(k) for k in SECTIONS["pretraining"] if k in section}
+        if ("steps" in own) == ("minutes" in own):
+            self.bad("pretraining", "expected exactly one of steps (equal steps) or minutes (steps planned on the "
+                     "slowest variant)" + (", not both" if "steps" in own else ""))
+        steps, minutes = own.get("steps"), own.get("minutes")
+        if steps is not None and self.kind("pretraining.steps", steps, int, "a whole number") < 1:
+            self.bad("pretraining.steps", f"expected a positive number of steps, got {steps}")
+        if minutes is not None and self.kind("pretraining.minutes", minutes, (int, float), "a number") <= 0:
+            self.bad("pretraining.minutes", f"expected a positive number of minutes, got {minutes}")
+        checkpoints = sorted(set(self.listed("pretraining.checkpoints", own.get("checkpoints", []), int, "steps")))
+        for step in checkpoints:
+            if step < 1:
+                self.bad("pretraining.checkpoints", f"expected positive steps, got {step}")
+            if steps is not None and step > steps:
+                self.bad("pretraining.checkpoints", f"step {step} is beyond the {steps:,} steps of the pre-training")
+        warmup = own.get("warmup_fraction")
+        if warmup is not None and not 0 <= self.kind("pretraining.warmup_fraction", warmup, (int, float),
+                                                     "a share") < 1:
+            self.bad("pretraining.warmup_fraction", f"expected a share in [0, 1), got {warmup}")
+        return Pretraining(recipe=recipe_keys(section, "pretraining", self.bad), steps=steps, minutes=minutes,
+                           checkpoints=checkpoints, warmup_fraction=warmup)
+
+    def variants(self, section, pretraining: Pretraining) -> dict[str, Variant]:
+        variants: dict[str, Variant] = {}
+        for name, spec in self.known("variants", section, section if isinstance(section, dict) else ()).items():
+            where = f"variants.{name}"
+            if not _NAME.fullmatch(str(name)):
+                self.bad(where, "expected a plain name (letters, digits, '_', '-', '.'): it names folders and rows")
+            spec = self.kind(where, spec or {}, dict, "a mapping of recipe keys ({} for none), or {from: NAME, "
+                             "random_init: true} / {from: NAME, bilstm: true}")
+            if "from" in spec:
+                self.known(where, spec, ("from", "random_init", "bilstm"))
+                random_init, bilstm = bool(spec.get("random_init")), bool(spec.get("bilstm"))
+                if random_init == bilstm:
+                    self.bad(where, "expected one of random_init: true or bilstm: true beside from")
+                variants[name] = Variant(name=name, source=str(spec["from"]), random_init=random_init, bilstm=bilstm)
+            else:
+                variants[name] = Variant(name=name, recipe=recipe_keys(spec, where, self.bad))
+                check_recipe({**pretraining.recipe, **variants[name].recipe}, pretraining.steps, where, self.bad)
+        pretrained = [n for n, v in variants.items() if v.source is None]
+        if not pretrained:
+            self.bad("variants", "none is pre-trained; expected at least one with recipe keys (NAME: {} for the "
+                     "shared recipe)")
+        for variant in variants.values():
+            target = variants.get(variant.source) if variant.source is not None else variant
+            if target is None or target.source is not None:
+                self.bad(f"variants.{variant.name}.from", f"{variant.source} is "
+                         + ("a fine-tuning-only variant" if target else "not a variant")
+                         + f"; expected a pre-trained one ({', '.join(pretrained)})")
+        if len(variants) < 2:
+            self.bad("variants", f"only {', '.join(variants)}; expected at least two to compare")
+        return variants
+
+    def compare(self, section, variants: dict) -> tuple[Compare, list[TaskEntry], dict[str, str]]:
+        """(the compare section, the tasks that run, the optional tasks left out and why)."""
+        section = self.known("compare", section, SECTIONS["compare"])
+        if "baseline" not in section:
+            self.bad("compare.baseline", "missing; expected the variant every other is compared with")
+        self.variant("compare.baseline", section["baseline"], variants)
+        seeds = self.listed("compare.seeds", section.get("seeds", [1, 2, 3, 4, 5]), int, "whole numbers")
+        if len(seeds) < 2 or len(set(seeds)) != len(seeds):
+            self.bad("compare.seeds", f"expected two or more distinct seeds (a standard error needs them), got {seeds}")
+        axes = {key: self.listed(f"compare.{key}", section[key], (int, float), "numbers")
+                if section.get(key) is not None else None for key in AXES}
+        length = section.get("max_seq_length")
+        if length is not None and self.kind("compare.max_seq_length", length, int, "a whole number") < 8:
+            self.bad("compare.max_seq_length", f"expected at least 8 tokens, got {length}")
+        data_dirs = []
+        for value in self.listed("compare.data_dir", section.get("data_dir", []), str, "folders (or TASK=FOLDER)"):
+            entry = DataDir.parse(value)
+            data_dirs.append(DataDir(str(self.local("compare.data_dir", entry.folder)), entry.task))
+        compare = Compare(baseline=section["baseline"], seeds=seeds, max_seq_length=length, data_dirs=data_dirs,
+                          **axes)
+        tasks = []
+        for entry in self.listed("compare.tasks", section.get("tasks", []), (str, dict),
+                                 "TASK[@LABELS] or {task: ..., ...}"):
+            entry = {"task": entry} if isinstance(entry, str) else dict(self.known("compare.tasks[]", entry, TASK_KEYS))
+            if "task" not in entry:
+                self.bad("compare.tasks[]", f"{entry}: no task; expected task: TASK[@LABELS]")
+            key = self.kind("compare.tasks[].task", entry.pop("task"), str, "TASK[@LABELS]")
+            for axis in AXES:
+                if axis in entry:
+                    entry[axis] = self.listed(f"compare.tasks[{key}].{axis}", entry[axis], (int, float), "numbers")
+            for flag in ("feature_based", "optional"):
+                self.kind(f"compare.tasks[{key}].{flag}", entry.get(flag, False), bool, "true or false")
+            tasks.append(TaskEntry(key=key, **entry))
+        if not tasks:
+            self.bad("compare.tasks", "none; expected TASK[@LABELS] strings or {task, metric, learning_rates, ...} "
+                     "mappings")
+        left_out = {}
+        for task in tasks:
+            resolved = self.task(task.key, compare, task.metric, optional=task.optional)
+            if resolved is None:
+                left_out[task.record_key] = self.missing(task.key, compare)
+        tasks = [t for t in tasks if t.record_key not in left_out]
+        if not tasks:
+            self.bad("compare.tasks", f"every task is optional and has no data ({', '.join(left_out)})")
+        tuned = [n for n, v in variants.items() if v.source is not None]
+        for task in (t for t in tasks if t.feature_based):
+            where = f"compare.tasks[{task.key}].feature_based"
+            if self.task(task.key, compare).card.family != "ner":
+                self.bad(where, "the feature-based route (Table 7) is for NER tasks")
+            if tuned:
+                self.bad(where, f"{', '.join(tuned)} fine-tune only; the feature-based route reads frozen "
+                         "pre-trained variants")
+        return compare, tasks, left_out
+
+    def task(self, key: str, compare: Compare, metric: str | None = None, optional: bool = False) -> Task | None:
+        """The task, its data folder found (None for an optional task whose data is not there); its train split
+        is read and a label count must fit it."""
+        try:
+            task = resolve_task(key, compare.data_dirs or None, metric, flag="task")
+        except CompareError as err:
+            if optional and "no folder for task" in str(err):
+                return None
+            self.bad("compare", str(err))
+        if task.data_dir is not None and not Path(task.data_dir).is_file():  # a file: squad_small's source, split later
+            spec = task.card.splits.get(task.card.train_split)
+            if spec is not None and spec.file and not (Path(task.data_dir) / spec.file).is_file():
+                if optional:
+                    return None
+                self.bad("compare.data_dir", f"task {key}: {Path(task.data_dir) / spec.file} is not a file; expected "
+                         f"{task.card.name}'s train file there")
+            if task.labels is not None:
+                size = train_size(task)
+                if task.labels > size:
+                    self.bad("compare.tasks", f"{key}: {task.labels:,} labels is above {task.card.name}'s train size "
+                             f"({size:,} examples); expected at most {size:,}")
+        return task
+
+    def missing(self, key: str, compare: Compare) -> str:
+        """Why an optional task is left out."""
+        try:
+            task = resolve_task(key, compare.data_dirs or None, None, flag="task")
+        except CompareError:
+            return "no folder for it in compare.data_dir"
+        return f"no {task.card.splits[task.card.train_split].file} in {task.data_dir}"
+
+    def curve(self, section, variants: dict, checkpoints: list[int], compare: Compare) -> tuple[list, list]:
+        section = self.known("curve", section, SECTIONS["curve"])
+        names = [self.variant("curve.variants", n, variants)
+                 for n in self.listed("curve.variants", section.get("variants", []), str, "variant names")]
+        tasks = self.listed("curve.tasks", section.get("tasks", []), str, "TASK[@LABELS] strings")
+        if section and (not names or not tasks):
+            self.bad("curve", "expected variants and tasks, both")
+        if names and not checkpoints:
+            self.bad("curve", "pretraining.checkpoints is empty; expected the steps whose checkpoints the curve "
+                     "fine-tunes")
+        for name in names:
+            if variants[name].source is not None:
+                self.bad("curve.variants", f"{name} is fine-tuning only: it has no pre-training checkpoints of its own")
+        for key in tasks:
+            self.task(key, compare)
+        return names, tasks
+
+    def task_texts(self, corpus: Corpus, compare: Compare) -> None:
+        """Each corpus.task_texts name is a task with its data in compare.data_dir."""
+        for name in corpus.task_texts:
+            try:
+                task = resolve_task(name, compare.data_dirs or None, None, flag="task")
+            except CompareError as err:
+                self.bad("corpus.task_texts", str(err))
+            if task.data_dir is None:
+                self.bad("corpus.task_texts", f"{name}: no compare.data_dir to read its train texts from; expected "
+                         "the folder of its files in compare.data_dir")
+
+    def local_data(self, keys: list[str], compare: Compare) -> None:
+        """Decontamination reads each compared task's dev and test files: they must be local."""
+        for key in dict.fromkeys(keys):
+            if self.task(key, compare).data_dir is None:
+                self.bad("corpus.decontaminate", f"task {key} has no local data_dir to decontaminate against; "
+                         "expected compare.data_dir with its files (or decontaminate: false)")
+
+
+def train_size(task: Task) -> int:
+    """The number of examples in the task's local train split (read as the grid reads it)."""
+    return _train_size(task.card.path, task.data_dir)
+
+
+@functools.lru_cache(maxsize=None)
+def _train_size(card_path: str, data_dir: str) -> int:
+    from ..cards import load_card
+    from ..runner import adapter_for
+
+    card = load_card(card_path)
+    return len(adapter_for(card).load_split(card, card.train_split, data_dir))
+
+
+def recipe_keys(values: dict, where: str, bad) -> dict:
+    """Recipe keys (those of recipes/configs/pretrain/*.yaml) as the recipe's types; unknown ones and the keys
+    the study sets itself are errors."""
+    from ..pretraining.config import _FIELDS, PretrainConfigError, _coerce
+
+    checked = {}
+    for key, value in values.items():
+        if key in OWNED:
+            bad(f"{where}.{key}", "set by the study from its stages and steps; leave it out")
+        if key not in _FIELDS:
+            close = difflib.get_close_matches(str(key), [*_FIELDS, *SECTIONS["pretraining"]], n=1, cutoff=0.6)
+            bad(f"{where}.{key}", "unknown recipe key; " + (f"did you mean {close[0]}?" if close else
+                                                           "expected a key of recipes/configs/pretrain/*.yaml"))
+        try:
+            checked[key] = _coerce(f"{where}.{key}", key, value)
+        except PretrainConfigError as err:
+            bad(f"{where}.{key}", str(err).split(": ", 2)[-1])
+    return checked
+
+
+def check_recipe(values: dict, steps: int | None, where: str, bad) -> None:
+    """The recipe's own checks on a variant's whole config (placeholders for what the stages fill in)."""
+    from ..pretraining.config import PretrainConfig, PretrainConfigError, validate
+
+    filled = {"train_data": "-", "tokenizer": "-", "phase1_fraction": 1.0, "max_steps": steps or 10**9,
+              "warmup_steps": 0, **values}
+    try:
+        validate(PretrainConfig(**filled), where)
+    except PretrainConfigError as err:
+        bad(where, str(err).split(": ", 1)[-1])
