@@ -10,8 +10,18 @@ import json
 import time
 from pathlib import Path
 
-from ..compare import CompareError, Model, Task, build_result, check_tasks, chosen_scores, grid_scores, grid_space, \
-    resolve_task, run_compare
+from ..compare import (
+    CompareError,
+    Model,
+    Task,
+    build_result,
+    check_tasks,
+    chosen_scores,
+    grid_scores,
+    grid_space,
+    resolve_task,
+    run_compare,
+)
 from ..io import atomic_write_text
 from .stages import Progress
 from .study import AblationError, Study, TaskEntry

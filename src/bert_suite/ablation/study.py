@@ -516,7 +516,7 @@ def train_size(task: Task) -> int:
     return _train_size(task.card.path, task.data_dir)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _train_size(card_path: str, data_dir: str) -> int:
     from ..cards import load_card
     from ..runner import adapter_for
