@@ -233,6 +233,18 @@ BAD = [  # (changes to small_study, what the one line must say)
     ({"compare": {"tasks": [{"task": "rte", "learning_rate": [1e-3]}]}}, "compare.tasks[].learning_rate: unknown key; "
                                                                          "did you mean learning_rates?"),
     ({"corpus": {"files": ["${NO_SUCH_VARIABLE}/x.txt"]}}, "corpus.files: ${NO_SUCH_VARIABLE} is not set"),
+    # a variant's own data: the variant and the key named
+    ({"variants": {"pre": {"corpus": {"files": ["no/such/*.txt"]}}}}, "variants.pre.corpus.files: no/such/*.txt "
+                                                                       "matches no file"),
+    ({"variants": {"pre": {"corpus": {"task_documents": "page"}}}}, "variants.pre.corpus.task_documents: expected "
+                                                                     "example (one document per task example) or file"),
+    ({"variants": {"pre": {"vocabulary": {"vocab_sise": 3}}}}, "variants.pre.vocabulary.vocab_sise: unknown key; did "
+                                                               "you mean vocab_size?"),
+    ({"variants": {"pre": {"instances": {"dupe_factor": 0}}}}, "variants.pre.instances.dupe_factor: expected a "
+                                                               "positive whole number"),
+    ({"variants": {"pre": {"corpus": {"task_texts": ["stbs"]}}}}, "variants.pre.corpus.task_texts: task stbs"),
+    ({"variants": {"random": {"from": "pre", "random_init": True, "corpus": {}}}}, "variants.random.corpus: unknown "
+                                                                                   "key"),
 ]
 
 
@@ -275,7 +287,7 @@ def test_two_runs_of_a_variant_at_once_train_it_once_and_a_changed_setting_or_in
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
     errors = [p.communicate(timeout=600)[1] for p in both]
     assert [p.returncode for p in both] == [0, 0], errors
-    assert any("[ablation] waiting: " in e and " is held by process " in e for e in errors), errors
+    assert any("[ablation] waiting for the " in e and ": held by process " in e for e in errors), errors
     assert len(json.loads((out / "pretraining" / "pre" / "timing.json").read_text())) == 1  # one launch
     assert (out / "logs" / "pretraining-pre.log").read_text().count("$ ") == 1
     assert (out / "pretraining" / "pre" / "final" / "config.json").is_file() and not (out / "compare").exists()
@@ -310,7 +322,8 @@ def test_the_file_is_read_as_written_with_paths_relative_to_it(data, tmp_path, m
 
 # payoff plans its steps from calibration runs; table6 and table8 (3 and 6 pre-trainings, 55 and 80 s) are slow
 @pytest.mark.parametrize("name, tasks", [("payoff", (0, 4)), pytest.param("table6", (0, 1), marks=pytest.mark.slow),
-                                         pytest.param("table8", (0, 5), marks=pytest.mark.slow)])
+                                         pytest.param("table8", (0, 5), marks=pytest.mark.slow),
+                                         pytest.param("corpus", (2,), marks=pytest.mark.slow)])
 def test_each_shipped_study_runs_end_to_end_at_smoke_size(shared, tmp_path, report, name, tasks):
     study = smoke_study(SHIPPED / f"{name}.yaml", tmp_path, tasks=tasks)
     out = tmp_path / "out"
@@ -328,6 +341,9 @@ def test_each_shipped_study_runs_end_to_end_at_smoke_size(shared, tmp_path, repo
         key = "conll2003 (feature-based)"
         assert list(record["tasks"]) == ["mrpc", key] and record["tasks"][key]["metric"] == "f1"
         assert len(list((out / "features" / "conll2003" / "mask0_same0_rnd100").glob("tagger-*-seed*"))) == 2
+    if name == "corpus":  # three corpora, three vocabularies, one random twin each
+        assert [f["data"]["corpus"] for f in record["pretraining"].values()] == ["corpus@general", "corpus@per_file",
+                                                                                 "corpus"]
     if name == "table6":
         sizes = {n: json.loads((out / "pretraining" / n / "final" / "config.json").read_text())["hidden_size"]
                  for n in ("tiny", "mini", "small")}
@@ -471,3 +487,34 @@ def test_an_optional_task_is_left_out_only_when_its_data_is_missing_and_a_misspe
         load_study(small_study(tmp_path, data, corpus={"task_texts": ["stbs"]}))
     with pytest.raises(AblationError, match=r"compare.tasks: rte@5000: 5,000 labels is above rte's train size"):
         load_study(small_study(tmp_path, data, compare={"tasks": ["rte@5000"]}))
+
+
+def test_variants_that_differ_in_data_build_their_own_stages_share_the_rest_and_the_record_says_which(data, tmp_path):
+    """The domain question as a study: the general text alone, with the task texts one document per task file,
+    and one per example (the study's own corpus, shared by its random twin)."""
+    study = small_study(tmp_path, data, variants={
+        "general": {"corpus": {"task_texts": []}}, "per_file": {"corpus": {"task_documents": "file"}},
+        "per_example": {}, "random": {"from": "per_example", "random_init": True}},
+        pretraining={"steps": 4, "checkpoints": None}, curve=None, compare={"baseline": "per_example", "seeds": [1, 2]},
+        contrasts=[{"first": "per_example", "second": "general", "label": "what the task texts add"}])
+    out = tmp_path / "out"
+    assert run(study, "--output_dir", out) == 0
+    for folder in ("corpus", "corpus@general", "corpus@per_file", "vocabulary", "vocabulary@general",
+                   "vocabulary@per_file", "instances/32", "instances@general/32", "instances@per_file/32"):
+        assert (out / folder).is_dir(), folder
+    assert not (out / "corpus@per_example").exists() and not (out / "corpus@random").exists()
+    per_file = (out / "corpus@per_file" / "tasks" / "rte-train.txt").read_text()
+    assert "\n\n" not in per_file.strip() and "\n\n" in (out / "corpus" / "tasks" / "rte-train.txt").read_text()
+    record = json.loads((out / "ablation.json").read_text())
+    facts = {name: f["data"] for name, f in record["pretraining"].items()}
+    assert [facts[n]["corpus"] for n in ("general", "per_file", "per_example")] == ["corpus@general",
+                                                                                   "corpus@per_file", "corpus"]
+    # the task file as one document: 80 RTE documents fewer than one per example (as a document of two lines)
+    assert facts["per_example"]["documents"] - facts["per_file"]["documents"] == 80 - 1
+    assert facts["general"]["documents"] < facts["per_file"]["documents"]
+    assert facts["general"]["corpus_tokens"] < facts["per_example"]["corpus_tokens"]
+    assert all(0 < f["not_next_share"] < 1 and f["vocab_size"] > 5 for f in facts.values())
+    run_config = json.loads((out / "pretraining" / "general" / "pretrain_results.json").read_text())["config"]
+    assert run_config["train_data"] == str(out / "instances@general" / "32")
+    assert "## Data" in (out / "ablation.md").read_text()
+    assert set(record["contrasts"]["what the task texts add"]) == {"rte"}

@@ -28,9 +28,7 @@ from .locks import data_lock
 from .record import contrasts_of, pretraining_record, write_record
 from .stages import (
     Progress,
-    build_corpus,
-    build_instances,
-    build_vocabulary,
+    build_data,
     finished_steps,
     minutes_of,
     plan_steps,
@@ -60,18 +58,16 @@ def run_ablation(path: str | Path, output_dir: str | Path, until: str = "compare
     with stopping():
         with data_lock(out):
             data_dirs = task_data(study, out, progress)
-            corpus, decontamination = build_corpus(study, out, data_dirs, progress)
-            vocab = build_vocabulary(study, out, corpus, progress)
-            data = build_instances(study, out, corpus, vocab, progress)
-            check_study_tasks(study, data_dirs, vocab)
-            steps = plan_steps(study, out, data, vocab, progress)
+            data = build_data(study, out, data_dirs, progress)  # corpus, vocabulary, instances
+            check_study_tasks(study, data_dirs, data)
+            steps = plan_steps(study, out, data, progress)
         runs = {name: out / "pretraining" / name for name in study.pretrained}
         if worker:  # a --workers helper: the grids only, once the pre-training is done
             fine_tune(study, out, runs, steps, data_dirs, storage, progress, worker=True)
             return None
         for key, why in study.left_out.items():
             progress.stage("compare", f"left out: {key} (optional: {why})")
-        pretrain(study, out, data, vocab, steps, only, progress)
+        pretrain(study, out, data, steps, only, progress)
         if only:
             left = [n for n in study.pretrained if finished_steps(runs[n]) is None]
             progress.stage("pretraining", f"{', '.join(only)} done" + (
@@ -85,7 +81,6 @@ def run_ablation(path: str | Path, output_dir: str | Path, until: str = "compare
         contrasts, along = contrasts_of(study, result, curve)
         record = {**result, "pretraining": facts, "contrasts": contrasts, "curve": curve, "curve_contrasts": along,
                   "left_out": list(study.left_out), "ablation": study.raw, "command": command}
-        write_record(record, study, out, decontamination if study.corpus.decontaminate else None,
-                     Path(results_dir) if results_dir else None)
+        write_record(record, study, out, data, Path(results_dir) if results_dir else None)
         progress.stage("record", f"done ({out / 'ablation.json'})")
         return record

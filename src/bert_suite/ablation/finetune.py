@@ -69,18 +69,19 @@ def space_of(study: Study, task: Task, entry: TaskEntry | None) -> dict:
     return grid_space(task, study.compare.seeds, **axes)
 
 
-def check_study_tasks(study: Study, data_dirs: list, vocab: Path) -> None:
+def check_study_tasks(study: Study, data_dirs: list, data: dict) -> None:
     """Before any pre-training: every compared task's train split reads, its label count fits, and its first
-    examples encode at the study's length with the study's vocabulary (a SQuAD window shorter than its
+    examples encode at the study's length with each vocabulary a variant uses (a SQuAD window shorter than its
     questions would otherwise stop the study after hours of pre-training)."""
     from ..tokenization import load_pretraining_tokenizer
 
     tasks = {t.key: resolve_task(t.key, data_dirs or None, t.metric, flag="task") for t in study.tasks
              if not t.feature_based}
-    try:
-        check_tasks(tasks, None, study.compare.max_seq_length, load_pretraining_tokenizer(str(vocab)))
-    except CompareError as err:
-        raise AblationError(f"{study.path}: compare: {err}") from None
+    for vocab in dict.fromkeys(d.vocab for d in data.values()):
+        try:
+            check_tasks(tasks, None, study.compare.max_seq_length, load_pretraining_tokenizer(str(vocab)))
+        except CompareError as err:
+            raise AblationError(f"{study.path}: compare: {err}") from None
 
 
 def fine_tune(study: Study, out: Path, runs: dict[str, Path], steps: int, data_dirs: list, storage: str | None,

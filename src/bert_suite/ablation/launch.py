@@ -86,17 +86,17 @@ def _alive(group: int) -> bool:
     return True
 
 
-def recipe_overrides(study: Study, name: str, data: dict[int, Path], vocab: Path, output_dir: Path, steps: int,
-                     **replace) -> dict:
-    """recipes/pretrain.py keys for one pre-trained variant: the study's stages and steps, the shared recipe
-    keys, the variant's own, then `replace`."""
-    first, second = study.instances.max_seq_length, study.instances.phase2_length
-    values = {"train_data": data[first], "tokenizer": vocab, "output_dir": output_dir, "max_steps": steps,
+def recipe_overrides(study: Study, name: str, data, output_dir: Path, steps: int, **replace) -> dict:
+    """recipes/pretrain.py keys for one pre-trained variant: its data stages (stages.Data) and the study's
+    steps, the shared recipe keys, the variant's own, then `replace`."""
+    instances = study.data_of(name)[2]
+    first, second = instances.max_seq_length, instances.phase2_length
+    values = {"train_data": data.instances[first], "tokenizer": data.vocab, "output_dir": output_dir, "max_steps": steps,
               "report_to": "none", "resume_from_checkpoint": "auto", "phase1_fraction": 1.0,
               "logging_steps": max(1, min(50, steps // 20)), "eval_steps": max(1, steps // 10),
               "save_steps": max(1, steps // 10)}
     if second:
-        values.update(train_data_phase2=data[second], phase1_fraction=1 - study.instances.phase2_fraction)
+        values.update(train_data_phase2=data.instances[second], phase1_fraction=1 - instances.phase2_fraction)
     if study.pretraining.warmup_fraction is not None:
         values["warmup_steps"] = round(study.pretraining.warmup_fraction * steps)
     if study.pretraining.checkpoints and name in study.curve_variants:

@@ -27,10 +27,10 @@ def file_lock(path: Path, what: str, wait: bool = True):
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            line = f"{what} is held by {holder(path)} ({path})"
+            line = f"{what}: held by {holder(path)} ({path})"
             if not wait:
                 raise AblationError(f"{line}; wait for it, or stop that process") from None
-            print(f"[ablation] waiting: {line}", file=sys.stderr, flush=True)
+            print(f"[ablation] waiting for {line}", file=sys.stderr, flush=True)
             fcntl.flock(handle, fcntl.LOCK_EX)
         handle.seek(0)
         handle.truncate()

@@ -18,10 +18,11 @@ def evaluations(run: Path) -> list[dict]:
             if any(k.startswith("eval_mlm_") for k in e)]
 
 
-def pretraining_record(study: Study, runs: dict[str, Path], data: dict[int, Path], steps: int) -> dict:
+def pretraining_record(study: Study, runs: dict[str, Path], data: dict | None, steps: int) -> dict:
     """Per pre-trained variant: steps, minutes, tokens (steps x batch x mean instance length, per phase),
     held-out accuracy of the last evaluation (MLM accuracy at masked positions, or next-token accuracy for a
-    left-to-right model: not comparable), its kind, the NotNext share of its instances and its precision."""
+    left-to-right model: not comparable), its kind, the NotNext share of its instances and its precision; in a
+    study whose variants differ in data, also which data it used (`data_facts`)."""
     record = {}
     for name, run in runs.items():
         results = json.loads((run / "pretrain_results.json").read_text())
@@ -39,7 +40,22 @@ def pretraining_record(study: Study, runs: dict[str, Path], data: dict[int, Path
                         "accuracy_kind": "next_token" if config["causal_attention"] else "mlm",
                         "not_next_share": round(sum(s * st["not_next_share"] for s, _, st in phases) / steps, 4),
                         "precision": results.get("precision")}
+        if study.data_variants and data:
+            record[name]["data"] = data_facts(data[name])
     return record
+
+
+def data_facts(data) -> dict:
+    """Which corpus, vocabulary and instances a variant used (their stage folders), with the corpus's documents
+    and tokens, the instances (phase 1's) and their NotNext share, and the vocabulary's size."""
+    from .stages import vocab_size
+
+    stats = data_stats(data.instances[data.lengths[0]])
+    return {"corpus": f"corpus{data.labels['corpus']}",
+            "vocabulary": str(data.vocab) if data.vocab.is_file() else f"vocabulary{data.labels['vocabulary']}",
+            "instances": f"instances{data.labels['instances']}", "documents": stats["documents"],
+            "corpus_tokens": stats["corpus_tokens"], "instance_count": stats["instances"],
+            "not_next_share": round(stats["not_next_share"], 4), "vocab_size": vocab_size(data.vocab)}
 
 
 def contrasts_of(study: Study, result: dict, curve: dict) -> tuple[dict, dict]:
@@ -62,6 +78,7 @@ def contrasts_of(study: Study, result: dict, curve: dict) -> tuple[dict, dict]:
 
 
 def markdown(record: dict, study: Study, decontamination: dict | None) -> str:
+    """ablation.md; `decontamination`: {corpus stage: its counts} of the corpora that were decontaminated."""
     from ..compare import markdown_table
     from ..report import md_table
 
@@ -100,9 +117,17 @@ def markdown(record: dict, study: Study, decontamination: dict | None) -> str:
     if any(f["accuracy_kind"] == "next_token" for f in record["pretraining"].values()):
         lines += ["MLM accuracy (at masked positions) and next-token accuracy are not comparable: a masked model sees "
                   "both sides of the token it predicts, a left-to-right one only the left.", ""]
-    if decontamination:
-        lines += [f"Corpus: {decontamination['sentences_removed']:,} of {decontamination['sentences']:,} sentences "
-                  f"removed by {decontamination['ngram']}-gram decontamination.", ""]
+    if study.data_variants:
+        rows = [[name, f["data"]["corpus"], f"{f['data']['documents']:,}", f"{f['data']['corpus_tokens']:,}",
+                 f["data"]["vocabulary"], f"{f['data']['vocab_size']:,}", f["data"]["instances"],
+                 f"{f['data']['instance_count']:,}", f"{f['data']['not_next_share']:.3f}"]
+                for name, f in record["pretraining"].items() if "data" in f]
+        lines += ["## Data", "", *md_table(["variant", "corpus", "documents", "tokens", "vocabulary", "pieces",
+                                            "instances", "count (phase 1)", "NotNext share"], rows), ""]
+    for stage, counts in (decontamination or {}).items():
+        named = f" ({stage})" if len(decontamination) > 1 else ""
+        lines += [f"Corpus{named}: {counts['sentences_removed']:,} of {counts['sentences']:,} sentences "
+                  f"removed by {counts['ngram']}-gram decontamination.", ""]
     if record.get("left_out"):
         lines += [f"Left out (optional tasks with no data in compare.data_dir): {', '.join(record['left_out'])}.", ""]
     if study.notes:
@@ -138,7 +163,10 @@ def plot(record: dict, path: Path) -> Path:
     return save_figure(fig, path)
 
 
-def write_record(record: dict, study: Study, out: Path, decontamination: dict | None, results_dir: Path | None) -> None:
+def write_record(record: dict, study: Study, out: Path, data: dict, results_dir: Path | None) -> None:
+    """The record in OUT/ablation.{json,md,png} (and RESULTS_DIR/STEM.*); `data`: each variant's stages.Data."""
+    decontamination = {f"corpus{d.labels['corpus']}": d.decontamination for name, d in data.items()
+                       if study.data_of(name)[0].decontaminate}
     text = markdown(record, study, decontamination)
     targets = [(out, "ablation")] + ([(results_dir, study.stem)] if results_dir else [])
     for folder, stem in targets:

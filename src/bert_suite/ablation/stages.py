@@ -11,10 +11,11 @@ from __future__ import annotations
 import hashlib
 import inspect
 import json
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..io import atomic_write_text
-from .study import AblationError, Study
+from .study import AblationError, Corpus, Instances, Study, Vocabulary
 
 NGRAM = 8  # decontamination: a sentence sharing this many consecutive words with evaluation text goes
 CALIBRATION_STEPS = 40  # pretraining.minutes: steps of each variant's calibration run
@@ -116,6 +117,58 @@ def check_stage(out: Path, name: str, settings: dict, inputs: list, started: boo
 # ------------------------------------------------------------------------------------------- the stages
 
 
+@dataclass
+class Data:
+    """What one pre-trained variant trains on, from the data stages: the clean corpus files, the vocabulary (a
+    folder, or a released vocab.txt), the instances per phase length, and the stages' labels ("" for the study's
+    own sections, "@NAME" for data first carried by variant NAME)."""
+    corpus: list[Path]
+    decontamination: dict
+    vocab: Path
+    instances: dict[int, Path]
+    labels: dict[str, str]
+
+    @property
+    def lengths(self) -> list[int]:
+        return list(self.instances)
+
+
+def build_data(study: Study, out: Path, data_dirs: list, progress: Progress) -> dict[str, Data]:
+    """The corpus, vocabulary and instances stages of every pre-trained variant: the study's sections in
+    corpus/, vocabulary/ and instances/LENGTH/, a variant's own (when it carries any) in corpus@NAME/,
+    vocabulary@NAME/ and instances@NAME/LENGTH/, NAME the first variant with those settings; variants with the
+    same settings share the stages. Returns each pre-trained variant's Data."""
+    labels: dict[tuple, str] = {}
+
+    def label(kind: str, key: tuple, default: tuple, name: str) -> str:
+        return "" if key == default else labels.setdefault((kind, *key), f"@{name}")
+
+    def keyed(*sections) -> tuple:
+        return tuple(json.dumps(asdict(x), sort_keys=True, default=str) for x in sections)
+
+    defaults = keyed(study.corpus, study.vocabulary, study.instances)
+    built: dict[tuple, object] = {}
+    found = {}
+    for name in study.pretrained:
+        corpus, vocabulary, instances = study.data_of(name)
+        key = keyed(corpus, vocabulary, instances)
+        tags = {"corpus": label("corpus", key[:1], defaults[:1], name),
+                "vocabulary": label("vocabulary", key[:2], defaults[:2], name),
+                "instances": label("instances", key, defaults, name)}
+        if ("corpus", tags["corpus"]) not in built:
+            built["corpus", tags["corpus"]] = build_corpus(study, out, corpus, tags["corpus"], data_dirs, progress)
+        files, decontamination = built["corpus", tags["corpus"]]
+        if ("vocabulary", tags["vocabulary"]) not in built:
+            built["vocabulary", tags["vocabulary"]] = build_vocabulary(out, vocabulary, tags["vocabulary"], files,
+                                                                       progress)
+        vocab = built["vocabulary", tags["vocabulary"]]
+        if ("instances", tags["instances"]) not in built:
+            built["instances", tags["instances"]] = build_instances(out, instances, vocabulary, tags["instances"],
+                                                                    files, vocab, progress)
+        found[name] = Data(files, decontamination, vocab, built["instances", tags["instances"]], tags)
+    return found
+
+
 def task_data(study: Study, out: Path, progress: Progress) -> list:
     """compare.data_dir with a squad_small entry that is the official dev-v1.1.json replaced by its split in
     OUT/squad_small (built once)."""
@@ -138,30 +191,38 @@ def task_data(study: Study, out: Path, progress: Progress) -> list:
     return dirs
 
 
-def build_corpus(study: Study, out: Path, data_dirs: list, progress: Progress) -> tuple[list[Path], dict]:
-    """OUT/corpus/clean*: the files and the task texts in the lines format, without the compared tasks' dev and
-    test sentences (when corpus.decontaminate). Returns the files and the decontamination counts."""
+def build_corpus(study: Study, out: Path, section: Corpus, tag: str, data_dirs: list,
+                 progress: Progress) -> tuple[list[Path], dict]:
+    """OUT/corpus{tag}/clean*: the files and the task texts in the lines format (each task example its own
+    document, or each task file one with task_documents: file), without the compared tasks' dev and test
+    sentences (when decontaminate). Returns the files and the decontamination counts."""
     from ..cards import load_card
     from ..compare import data_dir_for
     from ..pretraining.decontaminate import decontaminate
     from ..task_corpus import write_task_corpus
 
-    corpus = out / "corpus"
-    against = evaluation_files(study, data_dirs) if study.corpus.decontaminate else []
+    corpus = out / f"corpus{tag}"
+    against = evaluation_files(study, data_dirs) if section.decontaminate else []
     texts = [arguments(write_task_corpus, card=load_card(t), output_dir=corpus / "tasks",
-                       data_dir=data_dir_for(load_card(t), data_dirs)) for t in study.corpus.task_texts]
+                       data_dir=data_dir_for(load_card(t), data_dirs)) for t in section.task_texts]
     parts = [arguments(decontaminate, ("log",), inputs=files, against=against, output_dir=folder, ngram=NGRAM, fmt=fmt)
-             for folder, files, fmt in ((corpus / "clean", [str(f) for f in study.corpus.files], "auto"),
+             for folder, files, fmt in ((corpus / "clean", [str(f) for f in section.files], "auto"),
                                         (corpus / "clean_tasks", [str(corpus / "tasks" / f"{t['card'].name}-train.txt")
                                                                   for t in texts], "lines")) if files]
     task_files = [train_file(t["card"], t["data_dir"]) for t in texts]
-    check_stage(out, "corpus", {"task_texts": [{**t, "card": t["card"].name} for t in texts], "decontaminate": parts},
-                [*study.corpus.files, *task_files, *against],
+    settings = {"task_texts": [{**t, "card": t["card"].name} for t in texts], "decontaminate": parts}
+    if section.task_documents != "example":  # absent: one document per example, as records made before the key
+        settings["task_documents"] = section.task_documents
+    check_stage(out, f"corpus{tag}", settings, [*section.files, *task_files, *against],
                 any((Path(p["output_dir"]) / "decontamination.json").is_file() for p in parts),
                 legacy={"input": [f for p in parts for f in p["inputs"]], "against": against, "ngram": NGRAM})
-    for settings in texts:
-        if not (corpus / "tasks" / f"{settings['card'].name}-train.txt").is_file():
-            write_task_corpus(**settings)
+    for text in texts:
+        written = corpus / "tasks" / f"{text['card'].name}-train.txt"
+        if not written.is_file():
+            write_task_corpus(**text)
+            if section.task_documents == "file":  # the examples' lines as one document
+                lines = [line for line in written.read_text(encoding="utf-8").splitlines() if line.strip()]
+                atomic_write_text(written, "\n".join(lines) + "\n")
     totals = dict.fromkeys(("sentences", "sentences_removed"), 0)
     for settings in parts:
         folder = Path(settings["output_dir"])
@@ -177,7 +238,7 @@ def build_corpus(study: Study, out: Path, data_dirs: list, progress: Progress) -
         raise AblationError(f"{study.path}: corpus: empty after decontamination (all {totals['sentences']:,} sentences "
                             "share an 8-word sequence with the compared tasks' dev or test files); expected other text")
     clean = [Path(p["output_dir"]) / Path(f).name for p in parts for f in p["inputs"]]
-    progress.stage("corpus", f"done ({len(clean)} files; {totals['sentences_removed']:,} of {totals['sentences']:,} "
+    progress.stage("corpus", f"{tag[1:] + ': ' if tag else ''}done ({len(clean)} files; {totals['sentences_removed']:,} of {totals['sentences']:,} "
                    f"sentences removed by {NGRAM}-gram decontamination against {len(against)} evaluation files)")
     return clean, {"ngram": NGRAM, **totals}
 
@@ -200,47 +261,55 @@ def evaluation_files(study: Study, data_dirs: list) -> list[str]:
     return found
 
 
-def build_vocabulary(study: Study, out: Path, corpus: list[Path], progress: Progress) -> Path:
+def build_vocabulary(out: Path, section: Vocabulary, tag: str, corpus: list[Path], progress: Progress) -> Path:
+    """OUT/vocabulary{tag}: a WordPiece vocabulary learned on the corpus, or the released vocab_file as is."""
     from ..pretraining.tokenizer import train_tokenizer
 
-    if study.vocabulary.vocab_file is not None:
-        progress.stage("vocabulary", f"{study.vocabulary.vocab_file} as is")
-        return study.vocabulary.vocab_file
-    folder = out / "vocabulary"
+    if section.vocab_file is not None:
+        progress.stage("vocabulary", f"{tag[1:] + ': ' if tag else ''}{section.vocab_file} as is")
+        return section.vocab_file
+    folder = out / f"vocabulary{tag}"
     settings = arguments(train_tokenizer, ("num_proc",), files=[str(f) for f in corpus],
-                         vocab_size=study.vocabulary.vocab_size, lowercase=study.vocabulary.lowercase,
-                         output_dir=str(folder))
-    check_stage(out, "vocabulary", settings, [], (folder / "vocab.txt").is_file(),
-                legacy={"input": corpus, "vocab_size": study.vocabulary.vocab_size,
-                        "lowercase": study.vocabulary.lowercase})
+                         vocab_size=section.vocab_size, lowercase=section.lowercase, output_dir=str(folder))
+    check_stage(out, f"vocabulary{tag}", settings, [], (folder / "vocab.txt").is_file(),
+                legacy={"input": corpus, "vocab_size": section.vocab_size, "lowercase": section.lowercase})
     if not (folder / "vocab.txt").is_file():
         train_tokenizer(**settings)  # the pools' cores: the same vocabulary as one process's
-    progress.stage("vocabulary", f"done ({sum(1 for _ in open(folder / 'vocab.txt', encoding='utf-8')):,} pieces)")
+    progress.stage("vocabulary", f"{tag[1:] + ': ' if tag else ''}done ({vocab_size(folder):,} pieces)")
     return folder
 
 
-def build_instances(study: Study, out: Path, corpus: list[Path], vocab: Path, progress: Progress) -> dict[int, Path]:
-    """OUT/instances/LENGTH at max_seq_length (dupe_factor passes) and phase2_length (one pass): {length: folder}."""
+def vocab_size(vocab: Path) -> int:
+    """The number of pieces in a vocabulary folder's (or a released) vocab.txt."""
+    path = vocab / "vocab.txt" if vocab.is_dir() else vocab
+    with open(path, encoding="utf-8") as handle:
+        return sum(1 for _ in handle)
+
+
+def build_instances(out: Path, section: Instances, vocabulary: Vocabulary, tag: str, corpus: list[Path], vocab: Path,
+                    progress: Progress) -> dict[int, Path]:
+    """OUT/instances{tag}/LENGTH at max_seq_length (dupe_factor passes) and phase2_length (one pass):
+    {length: folder}."""
     from ..pretraining.instances import build_pretraining_dataset
     from ..tokenization import load_pretraining_tokenizer
 
-    lengths = study.instances.lengths
+    lengths = section.lengths
     data = {}
     for length in lengths:
-        folder = out / "instances" / str(length)
-        dupe = study.instances.dupe_factor if length == lengths[0] else 1
+        folder = out / f"instances{tag}" / str(length)
+        dupe = section.dupe_factor if length == lengths[0] else 1
         settings = arguments(build_pretraining_dataset, ("num_proc",), files=[str(f) for f in corpus],
                              tokenizer=str(vocab), output_dir=str(folder), max_seq_length=length, dupe_factor=dupe,
-                             fmt="lines", balance_nsp=study.instances.balance_nsp)
-        inputs = [vocab] if vocab == study.vocabulary.vocab_file else []
-        check_stage(out, f"instances-{length}", settings, inputs, (folder / "pretrain_data_stats.json").is_file(),
+                             fmt="lines", balance_nsp=section.balance_nsp)
+        inputs = [vocab] if vocab == vocabulary.vocab_file else []
+        check_stage(out, f"instances{tag}-{length}", settings, inputs, (folder / "pretrain_data_stats.json").is_file(),
                     legacy={"input": corpus, "tokenizer": vocab, "max_seq_length": length, "dupe_factor": dupe,
-                            "balance_nsp": study.instances.balance_nsp})
+                            "balance_nsp": section.balance_nsp})
         if not (folder / "pretrain_data_stats.json").is_file():
             build_pretraining_dataset(**{**settings, "tokenizer": load_pretraining_tokenizer(str(vocab))})
         data[length] = folder
         stats = data_stats(folder)
-        progress.stage("instances", f"{length} tokens done ({stats['instances']:,} instances, NotNext share "
+        progress.stage("instances", f"{tag[1:] + ': ' if tag else ''}{length} tokens done ({stats['instances']:,} instances, NotNext share "
                        f"{stats['not_next_share']:.3f})")
     return data
 
@@ -249,7 +318,7 @@ def data_stats(folder: Path) -> dict:
     return json.loads((folder / "pretrain_data_stats.json").read_text())
 
 
-def plan_steps(study: Study, out: Path, data: dict[int, Path], vocab: Path, progress: Progress) -> int:
+def plan_steps(study: Study, out: Path, data: dict[str, Data], progress: Progress) -> int:
     """pretraining.steps, or with pretraining.minutes the steps the slowest variant fits in them: each variant
     runs CALIBRATION_STEPS steps (half in each phase) and its last logged window gives seconds per step."""
     from .launch import config_value, launch_recipe, recipe_overrides
@@ -257,11 +326,12 @@ def plan_steps(study: Study, out: Path, data: dict[int, Path], vocab: Path, prog
     if study.pretraining.steps is not None:
         return study.pretraining.steps
     per_step = {}
-    phase2 = bool(study.instances.phase2_length)
     for name in study.pretrained:
+        instances = study.data_of(name)[2]
+        phase2 = bool(instances.phase2_length)
         folder = out / "calibration" / name
         result = folder / "calibration.json"
-        overrides = recipe_overrides(study, name, data, vocab, folder / "run", CALIBRATION_STEPS,
+        overrides = recipe_overrides(study, name, data[name], folder / "run", CALIBRATION_STEPS,
                                      logging_steps=CALIBRATION_STEPS // (4 if phase2 else 2),
                                      eval_steps=CALIBRATION_STEPS, save_steps=CALIBRATION_STEPS, eval_batches=1,
                                      resume_from_checkpoint="null", snapshot_steps="[]",
@@ -272,17 +342,17 @@ def plan_steps(study: Study, out: Path, data: dict[int, Path], vocab: Path, prog
             seconds = launch_recipe(overrides, folder / "calibration.log")
             logs = [json.loads(line) for line in (folder / "run" / "metrics.jsonl").read_text().splitlines()]
             measured = {}
-            for phase, length in enumerate(data, start=1):
+            for phase, length in enumerate(data[name].instances, start=1):
                 windows = [log for log in logs if log["phase"] == phase]
                 batch = config_value(overrides, "per_device_train_batch_size" if phase == 1 else
                                      "per_device_train_batch_size_phase2") or config_value(overrides,
                                                                                            "per_device_train_batch_size")
                 if windows:
-                    measured[phase] = batch * data_stats(data[length])["mean_instance_length"] / windows[-1][
+                    measured[phase] = batch * data_stats(data[name].instances[length])["mean_instance_length"] / windows[-1][
                         "tokens_per_second"]
             atomic_write_text(result, json.dumps({"seconds_per_step": measured, "wall_seconds": seconds}, indent=2))
         measured = {int(k): v for k, v in json.loads(result.read_text())["seconds_per_step"].items()}
-        share2 = study.instances.phase2_fraction if 2 in measured else 0.0
+        share2 = instances.phase2_fraction if 2 in measured else 0.0
         per_step[name] = (1 - share2) * measured[1] + share2 * measured.get(2, measured[1])
     slowest = max(per_step, key=per_step.get)
     steps = max(1, int(study.pretraining.minutes * 60 * BUDGET_SHARE / per_step[slowest]))
@@ -310,7 +380,7 @@ def minutes_of(run: Path) -> float:
     return sum(t["seconds"] for t in json.loads(timing.read_text())) / 60 if timing.is_file() else 0.0
 
 
-def pretrain(study: Study, out: Path, data: dict[int, Path], vocab: Path, steps: int, only: list[str] | None,
+def pretrain(study: Study, out: Path, data: dict[str, Data], steps: int, only: list[str] | None,
              progress: Progress) -> dict[str, Path]:
     """Run (or resume) the recipe for each pre-trained variant (`only`: these), one after another, each under
     its lock: a variant another process is training is waited for, then found done."""
@@ -323,7 +393,7 @@ def pretrain(study: Study, out: Path, data: dict[int, Path], vocab: Path, steps:
     pace = []  # seconds per step of the runs finished in this process
     for number, name in enumerate(todo):
         run = runs[name]
-        overrides = recipe_overrides(study, name, data, vocab, run, steps)
+        overrides = recipe_overrides(study, name, data[name], run, steps)
         with variant_lock(out, name):
             check_stage(out, f"pretraining/{name}", {"recipe": overrides}, [], run.is_dir() and any(run.iterdir()),
                         legacy={"overrides": [f"{k}={v}" for k, v in overrides.items()]})

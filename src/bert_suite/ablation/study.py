@@ -17,7 +17,7 @@ from ..compare import CompareError, DataDir, Task, resolve_task
 
 SECTIONS = {  # key -> its keys (None: free text; pretraining also takes the recipe's keys)
     "base": None, "title": None, "notes": None,
-    "corpus": ("files", "task_texts", "decontaminate"),
+    "corpus": ("files", "task_texts", "task_documents", "decontaminate"),
     "vocabulary": ("vocab_size", "lowercase", "vocab_file"),
     "instances": ("max_seq_length", "dupe_factor", "balance_nsp", "phase2_length", "phase2_fraction"),
     "pretraining": ("steps", "minutes", "checkpoints", "warmup_fraction"),
@@ -29,6 +29,8 @@ SECTIONS = {  # key -> its keys (None: free text; pretraining also takes the rec
 REQUIRED = ("corpus", "vocabulary", "pretraining", "variants", "compare")
 TASK_KEYS = ("task", "metric", "learning_rates", "batch_sizes", "epochs", "feature_based", "optional")
 AXES = ("learning_rates", "batch_sizes", "epochs")
+DATA = ("corpus", "vocabulary", "instances")  # the sections a variant may carry itself
+TASK_DOCUMENTS = ("example", "file")  # corpus.task_documents: one document per task example, or per task file
 # recipe keys the study sets itself, from its stages and its `steps`
 OWNED = ("train_data", "train_data_phase2", "tokenizer", "output_dir", "max_steps", "phase1_fraction",
          "snapshot_steps", "resume_from_checkpoint")
@@ -44,6 +46,7 @@ class AblationError(ValueError):
 class Corpus:
     files: list[Path]
     task_texts: list[str]  # task names whose train texts join the corpus
+    task_documents: str = "example"  # each example of a task text its own document, or each task file one
     decontaminate: bool = True
 
 
@@ -84,6 +87,10 @@ class Variant:
     source: str | None = None  # `from`: a fine-tuning-only variant of this pre-trained one
     random_init: bool = False
     bilstm: bool = False
+    # a pre-trained variant's own data, where it differs from the study's (None: the study's)
+    corpus: Corpus | None = None
+    vocabulary: Vocabulary | None = None
+    instances: Instances | None = None
 
 
 @dataclass(kw_only=True)
@@ -145,6 +152,17 @@ class Study:
         """The recipe keys of a pre-trained variant: the shared ones, then its own."""
         return {**self.pretraining.recipe, **self.variants[name].recipe}
 
+    def data_of(self, name: str) -> tuple[Corpus, Vocabulary, Instances]:
+        """The corpus, vocabulary and instances a variant pre-trains on (a fine-tuning-only one: its source's)."""
+        variant = self.variants[self.variants[name].source or name]
+        return (variant.corpus or self.corpus, variant.vocabulary or self.vocabulary,
+                variant.instances or self.instances)
+
+    @property
+    def data_variants(self) -> bool:
+        """Whether any variant carries data of its own."""
+        return any(v.corpus or v.vocabulary or v.instances for v in self.variants.values())
+
     def size(self, name: str) -> str:
         """The model size preset a pre-trained variant uses."""
         return self.recipe_of(name).get("model_size", "tiny")
@@ -166,12 +184,17 @@ def load_study(path: str | Path) -> Study:
             read.bad(key, "missing; a study needs " + ", ".join(REQUIRED))
     corpus = read.corpus(raw["corpus"])
     vocabulary = read.vocabulary(raw["vocabulary"])
+    instances = read.instances(raw.get("instances") or {})
     pretraining = read.pretraining(raw["pretraining"])
-    variants = read.variants(raw["variants"], pretraining)
+    variants = read.variants(raw["variants"], pretraining, {k: raw.get(k) or {} for k in DATA})
     compare, tasks, left_out = read.compare(raw["compare"], variants)
     curve_variants, curve_tasks = read.curve(raw.get("curve") or {}, variants, pretraining.checkpoints, compare)
-    read.task_texts(corpus, compare)
-    if corpus.decontaminate:
+    used = [corpus] * any(v.source is None and v.corpus is None for v in variants.values()) + [
+        v.corpus for v in variants.values() if v.corpus is not None]
+    for where, used_corpus in [("corpus", corpus)] + [(f"variants.{n}.corpus", v.corpus) for n, v in variants.items()
+                                                      if v.corpus is not None]:
+        read.task_texts(used_corpus, compare, where)
+    if any(c.decontaminate for c in used):
         read.local_data([t.key for t in tasks] + curve_tasks, compare)
     contrasts = [Contrast(first=read.variant(f"contrasts[{i}].first", c["first"], variants),
                           second=read.variant(f"contrasts[{i}].second", c["second"], variants), label=str(c["label"]))
@@ -179,7 +202,7 @@ def load_study(path: str | Path) -> Study:
                                                    "{first, second, label}"))
                  if read.known(f"contrasts[{i}]", c, ("first", "second", "label"), required=True)]
     return Study(path=path, raw=raw, title=str(raw.get("title") or path.stem), notes=str(raw.get("notes") or ""),
-                 corpus=corpus, vocabulary=vocabulary, instances=read.instances(raw.get("instances") or {}),
+                 corpus=corpus, vocabulary=vocabulary, instances=instances,
                  pretraining=pretraining, variants=variants, compare=compare, tasks=tasks,
                  curve_variants=curve_variants, curve_tasks=curve_tasks, contrasts=contrasts, left_out=left_out)
 
@@ -279,10 +302,11 @@ class Reader:
         self.kind(key, value, list, f"a list of {what}")
         return [self.kind(key, v, item_types, what) for v in value]
 
-    def local(self, key: str, value: str) -> Path:
-        """A path of the file: environment variables replaced, relative to the folder of the file that wrote it."""
+    def local(self, key: str, value: str, folder: Path | None = None) -> Path:
+        """A path of the file: environment variables replaced, relative to the folder of the file that wrote it
+        (`folder`, else the one that wrote the section's key)."""
         section, _, name = key.partition(".")
-        folder = self.folders.get((section, name or None), self.path.resolve().parent)
+        folder = folder or self.folders.get((section, name or None), self.path.resolve().parent)
         text = _expand(self.kind(key, value, str, "a path"), self.path, key)
         return Path(os.path.normpath(folder / Path(text).expanduser()))
 
@@ -291,49 +315,71 @@ class Reader:
             self.bad(key, f"{name} is not a variant; expected one of {', '.join(variants)}")
         return name
 
-    def corpus(self, section) -> Corpus:
-        section = self.known("corpus", section, SECTIONS["corpus"])
+    def corpus(self, section, where: str = "corpus", folders: dict | None = None) -> Corpus:
+        """The corpus section (`where`: its key in the file; `folders`: the folder each of its keys is relative
+        to, where not the section's own)."""
+        section = self.known(where, section, SECTIONS["corpus"])
         files = []
-        for pattern in self.listed("corpus.files", section.get("files", []), str, "paths or globs"):
-            found = sorted(glob.glob(str(self.local("corpus.files", pattern))))
+        for pattern in self.listed(f"{where}.files", section.get("files", []), str, "paths or globs"):
+            found = sorted(glob.glob(str(self.local(f"{where}.files", pattern, (folders or {}).get("files")))))
             if not found:
-                self.bad("corpus.files", f"{pattern} matches no file")
+                self.bad(f"{where}.files", f"{pattern} matches no file")
             files += [Path(f) for f in found if Path(f).is_file()]
-        task_texts = self.listed("corpus.task_texts", section.get("task_texts", []), str, "task names")
+        task_texts = self.listed(f"{where}.task_texts", section.get("task_texts", []), str, "task names")
         if not files and not task_texts:
-            self.bad("corpus", "no text: expected files, task_texts or both")
-        decontaminate = self.kind("corpus.decontaminate", section.get("decontaminate", True), bool, "true or false")
-        return Corpus(files=files, task_texts=task_texts, decontaminate=decontaminate)
+            self.bad(where, "no text: expected files, task_texts or both")
+        grouping = section.get("task_documents", "example")
+        if grouping not in TASK_DOCUMENTS:
+            self.bad(f"{where}.task_documents", f"expected example (one document per task example) or file (one per "
+                     f"task file), got {grouping!r}")
+        decontaminate = self.kind(f"{where}.decontaminate", section.get("decontaminate", True), bool, "true or false")
+        return Corpus(files=files, task_texts=task_texts, task_documents=grouping, decontaminate=decontaminate)
 
-    def vocabulary(self, section) -> Vocabulary:
-        section = self.known("vocabulary", section, SECTIONS["vocabulary"])
+    def vocabulary(self, section, where: str = "vocabulary", folders: dict | None = None) -> Vocabulary:
+        section = self.known(where, section, SECTIONS["vocabulary"])
         vocab_file = section.get("vocab_file")
         if (vocab_file is None) == ("vocab_size" not in section):
-            self.bad("vocabulary", "expected vocab_size (with lowercase) or vocab_file (a released vocab.txt), one "
-                     "of them")
+            self.bad(where, "expected vocab_size (with lowercase) or vocab_file (a released vocab.txt), one of them")
         if vocab_file is not None:
-            vocab_file = self.local("vocabulary.vocab_file", vocab_file)
+            vocab_file = self.local(f"{where}.vocab_file", vocab_file, (folders or {}).get("vocab_file"))
             if not vocab_file.is_file():
-                self.bad("vocabulary.vocab_file", f"{vocab_file} is not a file; expected a vocab.txt")
-        elif self.kind("vocabulary.vocab_size", section["vocab_size"], int, "a whole number") < 6:
-            self.bad("vocabulary.vocab_size", f"expected room for the 5 special tokens and some text, got "
+                self.bad(f"{where}.vocab_file", f"{vocab_file} is not a file; expected a vocab.txt")
+        elif self.kind(f"{where}.vocab_size", section["vocab_size"], int, "a whole number") < 6:
+            self.bad(f"{where}.vocab_size", f"expected room for the 5 special tokens and some text, got "
                      f"{section['vocab_size']}")
-        lowercase = self.kind("vocabulary.lowercase", section.get("lowercase", True), bool, "true or false")
+        lowercase = self.kind(f"{where}.lowercase", section.get("lowercase", True), bool, "true or false")
         return Vocabulary(vocab_size=section.get("vocab_size"), lowercase=lowercase, vocab_file=vocab_file)
 
-    def instances(self, section) -> Instances:
-        values = {**self.known("instances", section, SECTIONS["instances"])}
+    def instances(self, section, where: str = "instances", folders: dict | None = None) -> Instances:
+        values = {**self.known(where, section, SECTIONS["instances"])}
         for key in ("max_seq_length", "dupe_factor"):
-            if key in values and self.kind(f"instances.{key}", values[key], int, "a positive whole number") < 1:
-                self.bad(f"instances.{key}", f"expected a positive whole number, got {values[key]}")
+            if key in values and self.kind(f"{where}.{key}", values[key], int, "a positive whole number") < 1:
+                self.bad(f"{where}.{key}", f"expected a positive whole number, got {values[key]}")
         if values.get("phase2_length") is not None:
-            self.kind("instances.phase2_length", values["phase2_length"], int, "a whole number")
+            self.kind(f"{where}.phase2_length", values["phase2_length"], int, "a whole number")
         if "balance_nsp" in values:
-            self.kind("instances.balance_nsp", values["balance_nsp"], bool, "true or false")
+            self.kind(f"{where}.balance_nsp", values["balance_nsp"], bool, "true or false")
         share = values.get("phase2_fraction", 0.1)
-        if not 0 < self.kind("instances.phase2_fraction", share, (int, float), "a share") < 1:
-            self.bad("instances.phase2_fraction", f"expected a share between 0 and 1, got {share}")
+        if not 0 < self.kind(f"{where}.phase2_fraction", share, (int, float), "a share") < 1:
+            self.bad(f"{where}.phase2_fraction", f"expected a share between 0 and 1, got {share}")
         return Instances(**values)
+
+    def data(self, name: str, spec: dict, shared: dict) -> dict:
+        """A pre-trained variant's own corpus, vocabulary and instances sections, each read as the study's
+        with the variant's keys over the study's (a vocabulary with vocab_size or vocab_file replaces the
+        study's whole); a variant's paths are relative to the file that writes the variant."""
+        own_folder = self.folders.get(("variants", name), self.path.resolve().parent)
+        found = {}
+        for section in DATA:
+            if section not in spec:
+                continue
+            where = f"variants.{name}.{section}"
+            own = self.kind(where, spec.pop(section), dict, f"a mapping of {section} keys (overrides of the study's)")
+            replace = section == "vocabulary" and {"vocab_size", "vocab_file"} & set(own)
+            merged = dict(own) if replace else {**shared[section], **own}
+            folders = {key: own_folder if key in own else self.folders.get((section, key)) for key in merged}
+            found[section] = getattr(self, section)(merged, where, folders)
+        return found
 
     def pretraining(self, section) -> Pretraining:
         section = dict(self.kind("pretraining", section, dict, "a mapping of keys to values"))
@@ -359,7 +405,7 @@ class Reader:
         return Pretraining(recipe=recipe_keys(section, "pretraining", self.bad), steps=steps, minutes=minutes,
                            checkpoints=checkpoints, warmup_fraction=warmup)
 
-    def variants(self, section, pretraining: Pretraining) -> dict[str, Variant]:
+    def variants(self, section, pretraining: Pretraining, shared: dict) -> dict[str, Variant]:
         variants: dict[str, Variant] = {}
         for name, spec in self.known("variants", section, section if isinstance(section, dict) else ()).items():
             where = f"variants.{name}"
@@ -368,13 +414,15 @@ class Reader:
             spec = self.kind(where, spec or {}, dict, "a mapping of recipe keys ({} for none), or {from: NAME, "
                              "random_init: true} / {from: NAME, bilstm: true}")
             if "from" in spec:
-                self.known(where, spec, ("from", "random_init", "bilstm"))
+                self.known(where, spec, ("from", "random_init", "bilstm"))  # its data is its source's
                 random_init, bilstm = bool(spec.get("random_init")), bool(spec.get("bilstm"))
                 if random_init == bilstm:
                     self.bad(where, "expected one of random_init: true or bilstm: true beside from")
                 variants[name] = Variant(name=name, source=str(spec["from"]), random_init=random_init, bilstm=bilstm)
             else:
-                variants[name] = Variant(name=name, recipe=recipe_keys(spec, where, self.bad))
+                spec = dict(spec)
+                data = self.data(name, spec, shared)
+                variants[name] = Variant(name=name, recipe=recipe_keys(spec, where, self.bad), **data)
                 check_recipe({**pretraining.recipe, **variants[name].recipe}, pretraining.steps, where, self.bad)
         pretrained = [n for n, v in variants.items() if v.source is None]
         if not pretrained:
@@ -492,15 +540,15 @@ class Reader:
             self.task(key, compare)
         return names, tasks
 
-    def task_texts(self, corpus: Corpus, compare: Compare) -> None:
-        """Each corpus.task_texts name is a task with its data in compare.data_dir."""
+    def task_texts(self, corpus: Corpus, compare: Compare, where: str = "corpus") -> None:
+        """Each task_texts name is a task with its data in compare.data_dir."""
         for name in corpus.task_texts:
             try:
                 task = resolve_task(name, compare.data_dirs or None, None, flag="task")
             except CompareError as err:
-                self.bad("corpus.task_texts", str(err))
+                self.bad(f"{where}.task_texts", str(err))
             if task.data_dir is None:
-                self.bad("corpus.task_texts", f"{name}: no compare.data_dir to read its train texts from; expected "
+                self.bad(f"{where}.task_texts", f"{name}: no compare.data_dir to read its train texts from; expected "
                          "the folder of its files in compare.data_dir")
 
     def local_data(self, keys: list[str], compare: Compare) -> None:
