@@ -125,11 +125,12 @@ def all_processes(totals: dict, accelerator) -> dict:
 
 
 @torch.no_grad()
-def evaluate(model, eval_data, collator, cfg, accelerator, stepper, static_form):
+def evaluate(model, eval_data, collator, cfg, accelerator, stepper, static_form, causal):
     """Held-out MLM perplexity and accuracy and NSP accuracy, with the same masks at every
     evaluation; beside them the frequent-token accuracy: that of always predicting the token most
     frequent at those masked positions, where a model on the unigram plateau sits. `static_form`:
-    (length, predictions) for the static step's batches, else None."""
+    (length, predictions) for the static step's batches, else None; `causal`: next-token labels (the
+    eval_mlm_* figures are then next-token accuracy and perplexity)."""
     model.eval()
     totals, counts = {}, None
     vocab_size = accelerator.unwrap_model(model).config.vocab_size
@@ -138,7 +139,7 @@ def evaluate(model, eval_data, collator, cfg, accelerator, stepper, static_form)
     for number in range(min(cfg.eval_batches, math.ceil(len(eval_data) / size))):
         rows = table[number * size: (number + 1) * size]
         batch = collator.pad(as_features(rows))
-        batch = step_masks(collator, batch, cfg.seed, -1, number * size, cfg.causal_attention)
+        batch = step_masks(collator, batch, cfg.seed, -1, number * size, causal)
         if static_form:
             batch = collator.static(batch, *static_form)
         batch = to_device(batch, accelerator.device)
@@ -165,6 +166,13 @@ def save_model(accelerator, model, tokenizer, target: Path) -> Path:
         shutil.rmtree(target, ignore_errors=True)
         staging.rename(target)
     return target
+
+
+def set_objective(model, cfg, causal: bool) -> None:
+    """The model's attention and heads for the objective: left-to-right without NSP, or bidirectional with NSP
+    as the config says (read at call time by the attention, the pooler and the heads)."""
+    config = model.config
+    config.causal_attention, config.use_nsp = causal, cfg.use_nsp and not causal
 
 
 def main(argv=None):
@@ -206,8 +214,8 @@ def main(argv=None):
     # dropout null: the preset's or the checkpoint's; 0 turns it off (cramming, MosaicBERT)
     dropout = {k: getattr(cfg, k) for k in ("hidden_dropout_prob", "attention_probs_dropout_prob")
                if getattr(cfg, k) is not None}
-    if cfg.init_from:
-        model = load_initial_model(cfg.init_from, **dropout)
+    if cfg.init_from:  # its weights, with this run's objective (a causal checkpoint continued with MLM + NSP)
+        model = load_initial_model(cfg.init_from, causal_attention=cfg.causal_attention, use_nsp=cfg.use_nsp, **dropout)
     else:
         model = BertSuiteForPreTraining(BertSuiteConfig.from_preset(
             cfg.model_size, vocab_size=len(tokenizer), use_nsp=cfg.use_nsp, causal_attention=cfg.causal_attention,
@@ -237,11 +245,10 @@ def main(argv=None):
     workers = cfg.dataloader_num_workers if cfg.dataloader_num_workers != "auto" else \
         0 if device == "cpu" else min(4, (os.cpu_count() or 2) // 2)
     # (length, predictions per sequence) of each phase's static batches; a left-to-right model predicts every position
-    def static_form(data, collator):  # a left-to-right model predicts every position
-        return static_length(data), None if cfg.causal_attention else collator.max_predictions_per_seq
+    def static_form(data, collator, causal):
+        return (static_length(data), None if causal else collator.max_predictions_per_seq) if static else None
 
-    forms = [static_form(data, c) if static else None for data, c in zip(phase_data, collators, strict=False)]
-    eval_form = static_form(eval_data, collators[0]) if static and eval_data is not None else None
+    forms = [static_form(data, c, False) for data, c in zip(phase_data, collators, strict=False)]
     if static and not cfg.causal_attention:  # masks made offline (a labels column) must fit the static form
         for (path, key), data, (_, cap) in zip((("train_data", "max_predictions_per_seq"),
                                                 ("train_data_phase2", "max_predictions_per_seq_phase2")),
@@ -294,17 +301,19 @@ def main(argv=None):
                       f"{cfg.gradient_accumulation_steps} x {cfg.per_device_train_batch_size}; step: {form or 'eager'}")
     bar = tqdm(total=cfg.max_steps, initial=step, desc="pre-training", disable=not accelerator.is_local_main_process)
     history, tokens, started = [], 0, time.time()
-    phase, stream = None, None
+    phase, causal, stream = None, None, None
     model.train()
     while step < cfg.max_steps:
-        current = 0 if step < cfg.phase1_steps else 1
-        if current != phase:
-            phase = current
+        # a new stream at each length phase and at the objective's switch (the same order of examples goes on)
+        if (0 if step < cfg.phase1_steps else 1, cfg.causal_at(step)) != (phase, causal):
+            phase, causal = 0 if step < cfg.phase1_steps else 1, cfg.causal_at(step)
+            set_objective(accelerator.unwrap_model(model), cfg, causal)
             size = cfg.per_device_train_batch_size if phase == 0 else \
                 (cfg.per_device_train_batch_size_phase2 or cfg.per_device_train_batch_size)
             start = step if phase == 0 else step - cfg.phase1_steps
-            stream = batches(phase_data[phase], collators[phase], cfg, phase, start, accelerator, size, forms[phase],
-                             workers)
+            form = static_form(phase_data[phase], collators[phase], causal)
+            stream = batches(phase_data[phase], collators[phase], cfg, phase, start, accelerator, size, form,
+                             workers, causal)
             stepper.new_shapes()
         micro_batches, masked = [], 0
         for _ in range(cfg.gradient_accumulation_steps):
@@ -331,10 +340,12 @@ def main(argv=None):
             summary, grad_norm = summarise(totals), float(stepper.grad_norm)
             elapsed = time.time() - started  # after those reads, which wait for the device (it may lag the host)
             logs = {**summary, "grad_norm": grad_norm, "learning_rate": float(scheduler.get_last_lr()[0]),
-                    "phase": phase + 1, "tokens_per_second": float(tokens) / max(elapsed, 1e-9), "step": step}
+                    "phase": phase + 1, "objective": cfg.objective_at(step - 1),
+                    "tokens_per_second": float(tokens) / max(elapsed, 1e-9), "step": step}
             tokens, started = 0, time.time()
             if evaluate_now:
-                logs.update(evaluate(model, eval_data, collators[0], cfg, accelerator, stepper, eval_form))
+                logs.update(evaluate(model, eval_data, collators[0], cfg, accelerator, stepper,
+                                     static_form(eval_data, collators[0], causal), causal))
             bar.set_postfix({k: f"{logs[k]:.3g}" for k in ("mlm_loss", "nsp_accuracy") if k in logs})
             history.append(logs)
             accelerator.log(logs, step=step)
@@ -351,9 +362,11 @@ def main(argv=None):
     if accelerator.is_main_process:
         results = {"step": step, "config": vars(cfg), **precision.record(), **memory,
                    "step_form": {"static_shapes": static, "torch_compile": compiled, "cuda_graph": graph},
+                   "objectives": cfg.objectives(),
                    **(history[-1] if history else {})}
         atomic_write_text(out / "pretrain_results.json", json.dumps(results, indent=2, default=str))
-        accelerator.print(f"saved {final}: " + ", ".join(f"{k} {v:.4g}" for k, v in (history or [{}])[-1].items()))
+        accelerator.print(f"saved {final}: " + ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
+                                                        for k, v in (history or [{}])[-1].items()))
         if cfg.push_to_hub:
             from bert_suite.hub import pretraining_card, push_to_hub
 

@@ -241,6 +241,9 @@ def pretraining_card(model_id: str, results: dict) -> str:
              "A BERT model pre-trained (masked LM + next-sentence prediction) with bert_suite's recipe, "
              "which follows the BERT paper (Devlin et al., 2018).",
              "## Recipe settings", _table(("name", "value"), settings),
+             *(["## Objective schedule", _table(("objective", "steps"), [
+                 (o["objective"], f"{o['from_step']:,} to {o['to_step']:,}") for o in results["objectives"]])]
+               if len(results.get("objectives") or []) > 1 else []),
              f"## Metrics at step {results.get('step')}", _table(("metric", "value"), metrics),
              "## Citation", f"```bibtex\n{CITATION}\n```"]
     return scrub_secrets("\n\n".join(parts) + "\n")

@@ -380,10 +380,13 @@ class BertSuiteNSPHead(nn.Module):
 
 
 class BertSuitePreTrainingHeads(BertSuiteMLMHead):
-    """MLM + NSP heads and the summed loss (NSP absent when `config.use_nsp` is False)."""
+    """MLM + NSP heads and the summed loss (NSP absent when `config.use_nsp` is False: no such layer when the
+    model is built so, and no NSP scores or loss while it is False at call time, as in the left-to-right phase
+    of an objective schedule)."""
 
     def __init__(self, config: BertSuiteConfig):
         super().__init__(config)
+        self.config = config  # use_nsp read at call time, as the attention reads causal_attention
         if config.use_nsp:
             self.seq_relationship = nn.Linear(config.hidden_size, 2)
 
@@ -393,7 +396,7 @@ class BertSuitePreTrainingHeads(BertSuiteMLMHead):
         logits, loss = super().forward(sequence_output, labels, masked_positions_only, num_items_in_batch,
                                        masked_positions)
         nsp_logits = scores_in_fp32(self.seq_relationship, pooled_output) if hasattr(self, "seq_relationship") \
-            else None
+            and self.config.use_nsp else None
         if loss is not None and nsp_logits is not None:
             if next_sentence_label is None:
                 raise ValueError("labels were given without next_sentence_label; NSP needs both (or use_nsp=False)")

@@ -31,7 +31,12 @@ class PretrainConfig:
     model_size: str = "tiny"
     use_nsp: bool = True  # False: Table 5 "No NSP"
     causal_attention: bool = False  # True (with use_nsp False): Table 5 "LTR & No NSP"
-    init_from: str | None = None  # start from a checkpoint instead of random weights
+    init_from: str | None = None  # start from a checkpoint instead of random weights (with this config's objective)
+    # --- objective schedule: the first steps as a left-to-right LM (next token, no NSP), then the objective above
+    # (MLM, with NSP when use_nsp): the biphasic schedule of Gisserot-Boukhlef et al. (2025). One of the two, as
+    # phase1_fraction is to the length phases: a share of max_steps, or a step; 0 / null: no causal phase
+    causal_fraction: float = 0.0
+    causal_steps: int | None = None
     hidden_dropout_prob: float | None = None  # null: the preset's (0.1); 0 turns dropout off (cramming, MosaicBERT)
     attention_probs_dropout_prob: float | None = None  # null: the preset's (0.1)
     # --- masking (Table 8 mixes: mask_ratio / random_ratio, the rest unchanged)
@@ -89,6 +94,27 @@ class PretrainConfig:
     @property
     def phase1_steps(self) -> int:
         return self.max_steps if not self.train_data_phase2 else math.ceil(self.max_steps * self.phase1_fraction)
+
+    @property
+    def causal_until(self) -> int:
+        """The step at which the objective switches from left-to-right to the run's own (0: no causal phase)."""
+        return self.causal_steps or math.ceil(self.max_steps * self.causal_fraction)
+
+    def causal_at(self, step: int) -> bool:
+        """Whether step `step` (0-based) trains left-to-right."""
+        return self.causal_attention or step < self.causal_until
+
+    def objective_at(self, step: int) -> str:
+        """causal, mlm or mlm_nsp: what step `step` (0-based) trains."""
+        return "causal" if self.causal_at(step) else "mlm_nsp" if self.use_nsp else "mlm"
+
+    def objectives(self) -> list[dict]:
+        """The objective schedule: [{objective, from_step, to_step}] (steps as counted in the logs: to_step the
+        last step of the phase)."""
+        switch = self.causal_until if not self.causal_attention else 0
+        phases = [("causal", 0, switch)] if switch else []
+        phases.append((self.objective_at(self.max_steps - 1), switch, self.max_steps))
+        return [{"objective": o, "from_step": a + 1, "to_step": b} for o, a, b in phases]
 
 
 _FIELDS = {f.name: f for f in dataclasses.fields(PretrainConfig)}
@@ -223,6 +249,21 @@ def validate(cfg: PretrainConfig, source: str) -> PretrainConfig:
         if getattr(cfg, key) is True and cfg.static_shapes is False:
             bad("static_shapes", f"must be true or auto with {key}=true (a compiled or captured step needs "
                                  "the same shapes every step)")
+    if cfg.causal_steps is not None and cfg.causal_fraction:
+        bad("causal_steps", "and causal_fraction are both set: two causal phases covering the same steps; give one (the "
+                            "switch as a step, or as a share of max_steps)")
+    if not 0 <= cfg.causal_fraction < 1:
+        bad("causal_fraction", "must be in [0, 1): the share of max_steps trained left-to-right before the switch")
+    if cfg.causal_steps is not None and not 1 <= cfg.causal_steps < cfg.max_steps:
+        bad("causal_steps", f"must be a step from 1 to {cfg.max_steps - 1} (max_steps - 1): the switch must leave "
+                            "steps for the masked phase")
+    if cfg.causal_until >= cfg.max_steps:
+        bad("causal_fraction", f"leaves no step for the masked phase: the switch at step {cfg.causal_until} is not "
+                               f"before max_steps ({cfg.max_steps})")
+    if cfg.causal_until and cfg.causal_attention:
+        bad("causal_attention", "is true, so every step is left-to-right and a causal phase (causal_steps, "
+                                "causal_fraction) would cover the same steps; set causal_attention false: it is the "
+                                "objective after the switch")
     if cfg.causal_attention and cfg.use_nsp:
         # The paper's LTR model has no NSP; a causal encoder's [CLS] sees only itself.
         bad("use_nsp", "must be false with causal_attention (the paper's LTR & No NSP)")

@@ -46,20 +46,20 @@ class Batches(torch.utils.data.Dataset):
     """The micro-batch of a (micro-step, indices) key, made where the loader runs (in its worker processes
     with dataloader_num_workers > 0, beside the GPU's step): padded, masked (a function of the run's seed,
     the global step and the rows' places in its global batch), counted (masked positions and real tokens,
-    so that the step never reads them on the device) and, for a static step, in its static form."""
+    so that the step never reads them on the device) and, for a static step, in its static form. `causal`:
+    next-token labels (a left-to-right phase) instead of masks."""
 
-    def __init__(self, data, collator, cfg, first_step: int, rank: int, world: int, form):
+    def __init__(self, data, collator, cfg, first_step: int, rank: int, world: int, form, causal: bool = False):
         self.table = data.select_columns([c for c in (*COLUMNS, "labels") if c in data.column_names])
-        self.collator, self.cfg, self.first_step, self.rank, self.world, self.form = \
-            collator, cfg, first_step, rank, world, form
+        self.collator, self.cfg, self.first_step, self.rank, self.world, self.form, self.causal = \
+            collator, cfg, first_step, rank, world, form, causal
 
     def __getitem__(self, key):
         micro, indices = key
         step, part = divmod(micro, self.cfg.gradient_accumulation_steps)
         batch = self.collator.pad(as_features(self.table[indices]))
         first = (part * self.world + self.rank) * len(indices)
-        batch = step_masks(self.collator, batch, self.cfg.seed, self.first_step + step, first,
-                           self.cfg.causal_attention)
+        batch = step_masks(self.collator, batch, self.cfg.seed, self.first_step + step, first, self.causal)
         counts = int((batch["labels"] != -100).sum()), int(batch["attention_mask"].sum())
         return (self.collator.static(batch, *self.form) if self.form else batch), counts
 
@@ -68,12 +68,13 @@ def _as_is(item):
     return item
 
 
-def batches(data, collator, cfg, phase, start, accelerator, batch_size, form, workers):
-    """(batch, (masked, real tokens)) for each micro-step from phase step `start` on."""
+def batches(data, collator, cfg, phase, start, accelerator, batch_size, form, workers, causal=None):
+    """(batch, (masked, real tokens)) for each micro-step from phase step `start` on; `causal`: next-token
+    labels (default: cfg.causal_attention)."""
     sampler = StepBatches(len(data), batch_size, cfg.gradient_accumulation_steps, cfg.seed + 7919 * phase,
                           start, accelerator.process_index, accelerator.num_processes)
     made = Batches(data, collator, cfg, 0 if phase == 0 else cfg.phase1_steps, accelerator.process_index,
-                   accelerator.num_processes, form)
+                   accelerator.num_processes, form, cfg.causal_attention if causal is None else causal)
     # Its own generator: creating an iterator must not draw from the global RNG (dropout's), or a
     # resumed run, which creates it at a different step, would see different dropout masks.
     loader = torch.utils.data.DataLoader(made, sampler=sampler, batch_size=None, collate_fn=_as_is,
