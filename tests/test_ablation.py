@@ -189,7 +189,9 @@ def test_a_study_stopped_in_pretraining_and_killed_in_fine_tuning_resumes_to_the
     assert not (killed / "pretraining" / "pre" / "final").exists()
     second = cli(study, "--output_dir", killed, failpoint="grid.trial_trained:2")  # this process dies in a grid
     assert second.returncode == -9, second.stderr[-3000:]
-    assert "resumed from" in (killed / "logs" / "pretraining-pre.log").read_text()
+    log = (killed / "logs" / "pretraining-pre.log").read_text()
+    assert "resumed from" in log
+    assert len([line for line in log.splitlines() if line.startswith("$ ")]) == 2  # each launch on a line of its own
     assert not (killed / "ablation.json").exists()
     third = cli(study, "--output_dir", killed)
     assert third.returncode == 0, third.stderr[-3000:]

@@ -1,8 +1,7 @@
 """Processes a study starts: the pre-training recipe (`accelerate launch recipes/pretrain.py`, one run per
 pre-trained variant, or a short calibration run) and the `--workers` helpers on the grids.
 
-Each starts in its own process group (a session of its own), so that stopping the study stops everything it
-started: `stopping()` turns SIGTERM and SIGHUP into an exception like Ctrl-C's, and on the way out every group
+Each starts in its own process group, so that stopping the study stops everything it started: `stopping()` turns SIGTERM and SIGHUP into an exception like Ctrl-C's, and on the way out every group
 still running gets SIGTERM, is waited for, and gets SIGKILL after STOP_GRACE seconds. A launch's time is
 recorded while it runs and when it stops, however it stops."""
 
@@ -55,8 +54,9 @@ def stopping():
 
 
 def start(cmd: list[str], log, env: dict) -> subprocess.Popen:
-    """`cmd` in a process group of its own, its output in the open file `log`."""
-    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    """`cmd` in a process group of its own (in this session: a niced study's recipe stays niced, as a new
+    session would start a scheduler group of its own), its output in the open file `log`."""
+    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, process_group=0)
 
 
 def stop_group(child: subprocess.Popen, grace: float | None = None) -> None:
@@ -143,7 +143,7 @@ def launch_recipe(overrides: dict, log: Path, timing: Path | None = None) -> flo
             atomic_write_text(timing, json.dumps([*earlier, entry], indent=2))
 
     with open(log, "a") as handle:
-        handle.write(f"$ {shlex.join(cmd)}\n")
+        handle.write(("\n" if _torn(log) else "") + f"$ {shlex.join(cmd)}\n")  # after a killed run's last line
         handle.flush()
         child = start(cmd, handle, env)
         stopped = False
@@ -164,6 +164,15 @@ def launch_recipe(overrides: dict, log: Path, timing: Path | None = None) -> flo
         print("\n".join(tail), file=sys.stderr)
         raise AblationError(f"pre-training failed (exit {code}); see {log}")
     return time.time() - started
+
+
+def _torn(log: Path) -> bool:
+    """Whether the log ends inside a line (a run killed in the middle of a progress bar's)."""
+    with open(log, "rb") as handle:
+        if handle.seek(0, os.SEEK_END) == 0:
+            return False
+        handle.seek(-1, os.SEEK_END)
+        return handle.read(1) != b"\n"
 
 
 def _cuda() -> bool:
