@@ -56,6 +56,7 @@ def check_record(record: dict, study: Path) -> None:
             assert all(len(p["scores"]) == len(raw["compare"]["seeds"]) for p in points)
 
 
+@pytest.mark.slow  # five variants, three pre-trainings, 14 grids: the other end-to-end tests cover its stages
 def test_table5_end_to_end_at_smoke_size(shared, tmp_path, report):
     study = smoke_study(SHIPPED / "table5.yaml", tmp_path)
     out, results = tmp_path / "out", tmp_path / "results"
