@@ -41,30 +41,37 @@ def corpus(tmp_path, monkeypatch):
     return tmp_path
 
 
-def test_pretrain_step_benchmark_rows(corpus):
+# fp32 alone: two timed processes; with bf16, four (make test-all): bf16's goals are checked by the test below
+@pytest.mark.parametrize("precisions", [["fp32"], pytest.param(["fp32", "bf16"], marks=pytest.mark.slow)],
+                         ids=["fp32", "fp32-bf16"])
+def test_pretrain_step_benchmark_rows(corpus, precisions):
     payload = pretrain_step.main(["--corpus", str(corpus / "corpus.txt"), "--vocab", str(corpus / "vocab.txt"),
                                   "--presets", "tiny", "--batch_size", "4", "--seq_len", "32", "--steps", "2",
-                                  "--repeats", "1", "--no-memory", "--profile",
+                                  "--repeats", "1", "--no-memory", "--profile", "--precisions", *precisions,
                                   "--matmul_size", "128"])  # 2048 in bf16 without native bf16: minutes
     (row,) = payload["rows"]
     assert row["tokens"] > 0 and 0 < row["masked"] <= 2 * 4 * 20
     assert row["loss_diff_no_dropout"] < 1e-5  # the same computation
     assert row["ours_tokens_per_s"] > 0 and row["stock_tokens_per_s"] > 0 and row["speedup"] > 0
     # each side timed in its own process as its users run it: stock with glibc's defaults, ours tuned as the recipe
-    assert row["allocator"]["stock"] == row["allocator"]["stock bf16"] == "default"
-    assert row["allocator"]["ours"] in ("glibc tuned", "not glibc")
+    assert row["allocator"]["stock"] == "default" and row["allocator"]["ours"] in ("glibc tuned", "not glibc")
     assert 0 < row["ours_mfu"] and 0 < row["stock_mfu"]
     assert "matmul" in row["profile"]["ours step"] and "matmul" in row["profile"]["stock step"]
-    # both precisions in the same run: bf16 rows, their ratios, and each precision's own matmul peak
-    assert row["ours bf16_tokens_per_s"] > 0 and row["speedup bf16"] > 0 and row["ours bf16/fp32"] > 0
-    assert 0 < row["ours bf16_mfu"] and "matmul" in row["profile"]["ours bf16 step"]
     assert all(v > 0 for v in payload["matmul_bf16_flops"] + payload["matmul_fp32_flops"])
     assert (corpus / "results" / "pretrain_step.json").is_file()
     machine = payload["machine"]  # the kind of CPU the figures belong to, and the goals judged for it
     assert set(machine["flags"]) <= set(common.SPEED_FLAGS) and machine["kind"].startswith(("native bf16", "no native"))
-    assert [g["goal"].split(" >=")[0].split(" (")[0] for g in payload["goals"]] == \
-        ["ours/stock fp32", "ours bf16/fp32" if machine["native_bf16"] else "auto never slower than fp32",
-         "ours/stock bf16"]
+    goals = [g["goal"].split(" >=")[0].split(" (")[0] for g in payload["goals"]]
+    if precisions == ["fp32"]:
+        assert "ours bf16_tokens_per_s" not in row and "ours bf16 step" not in row["profile"]
+        assert goals == ["ours/stock fp32"]
+        return
+    # both precisions in the same run: bf16 rows, their ratios, and each precision's own matmul peak
+    assert row["allocator"]["stock bf16"] == "default"
+    assert row["ours bf16_tokens_per_s"] > 0 and row["speedup bf16"] > 0 and row["ours bf16/fp32"] > 0
+    assert 0 < row["ours bf16_mfu"] and "matmul" in row["profile"]["ours bf16 step"]
+    assert goals == ["ours/stock fp32", "ours bf16/fp32" if machine["native_bf16"] else "auto never slower than fp32",
+                     "ours/stock bf16"]
 
 
 def test_pretrain_step_goals_per_kind_of_cpu():
@@ -104,16 +111,10 @@ def test_pretrain_step_skips_without_data(tmp_path, capsys):
     assert exit_info.value.code == 0 and str(tmp_path / "nowhere") in capsys.readouterr().out
 
 
-def test_gpu_check_runs_every_step_on_the_cpu(tmp_path):
-    """`benchmarks/gpu_check.sh --device cpu --quick`: every step of `make gpu-check` at toy size on data the
-    test writes (a bundle without wheels: this Python has the packages), so the script cannot rot while no
-    GPU is at hand. Each step ends ok; at most 8 files come out; the merged record holds every part."""
-    import json
-    import os
+def gpu_check_bundle(tmp_path: Path) -> Path:
+    """A bundle for `gpu_check.sh --device cpu --quick` without wheels (this Python has the packages): RTE-like
+    data, a corpus with its vocabulary, and an "earlier" bert_suite (today's modeling files)."""
     import shutil
-    import subprocess
-
-    import torch
 
     from helpers import REPO, write_pretrain_setup, write_rte_like
 
@@ -131,24 +132,50 @@ def test_gpu_check_runs_every_step_on_the_cpu(tmp_path):
     for name in ("modeling_bert_suite.py", "configuration_bert_suite.py"):
         shutil.copy(REPO / "src" / "bert_suite" / name, before / name)
     (before / "__init__.py").write_text("")
-    out = tmp_path / "out"
+    return bundle
+
+
+def run_gpu_check(tmp_path: Path, *extra: str) -> dict:
+    """`gpu_check.sh --device cpu --quick` on a bundle the test writes: it ends well, at most 8 files come out
+    (here 3), and the merged record (returned) has the pre-training step's rows for every variant."""
+    import json
+    import os
+    import subprocess
+
+    from helpers import REPO
+
+    bundle, out = gpu_check_bundle(tmp_path), tmp_path / "out"
     proc = subprocess.run(["bash", str(REPO / "benchmarks" / "gpu_check.sh"), "--device", "cpu", "--quick",
-                           "--bundle", str(bundle), "--out", str(out)], capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "PYTHON": sys.executable}, cwd=tmp_path)
+                           "--bundle", str(bundle), "--out", str(out), *extra], capture_output=True, text=True,
+                          timeout=600, env={**os.environ, "PYTHON": sys.executable}, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     files = [p for p in out.rglob("*") if p.is_file()]
     assert sorted(p.name for p in files) == ["gpu_check.json", "gpu_check.log", "summary.md"]
     record = json.loads((out / "gpu_check.json").read_text())
-    assert record["status"].keys() == {"pretrain-tiny", "finetune", "correctness", "recipe"}
     assert all(state.startswith("ok") for state in record["status"].values()), record["status"]
     rows = {r["variant"]: r for r in record["pretrain-tiny-32"]["rows"]}
     assert set(rows) == {"stock", "before", "eager", "graph"} and rows["stock"]["vs_stock"] == pytest.approx(1.0)
     assert all(r["tokens_per_s"] > 0 and r["mfu"] > 0 for r in rows.values())
-    assert record["finetune"]["tasks"]["rte"]["train"]["ratio_by_precision"]["fp32"] > 0
-    assert [r["head"] for r in record["correctness"]["rows"]] == ["Model", "ForPreTraining"]
-    assert record["recipe"]["uninterrupted"]["exit"] == 0 and record["recipe"]["tokens_per_second"] > 0
     summary = (out / "summary.md").read_text()
     assert "| base at 128: MFU >= 0.45 | not measured | - |" in summary and "## Pre-training step" in summary
+    return record
+
+
+def test_gpu_check_runs_a_step_and_its_summary_on_the_cpu(tmp_path):
+    """`make gpu-check`'s script on the CPU with one step (--only pretrain-tiny: the GPU benchmark's variants,
+    CUDA-graph body included, against stock and an earlier bert_suite), so that the script cannot rot while no
+    GPU is at hand: the step ends ok, the steps not asked for are left out, the summary is written from the one
+    part; a mistyped option and a machine without CUDA are one line each, with nothing run. Every step at toy
+    size: the slow test below (make test-all)."""
+    import os
+    import subprocess
+
+    import torch
+
+    from helpers import REPO
+
+    record = run_gpu_check(tmp_path, "--only", "pretrain-tiny")
+    assert record["status"].keys() == {"pretrain-tiny"}
     bad = subprocess.run(["bash", str(REPO / "benchmarks" / "gpu_check.sh"), "--devise", "cpu"], capture_output=True,
                          text=True)
     assert bad.returncode == 2 and "unknown option --devise" in bad.stderr
@@ -157,6 +184,18 @@ def test_gpu_check_runs_every_step_on_the_cpu(tmp_path):
                               capture_output=True, text=True, env={**os.environ, "PYTHON": sys.executable})
         assert bare.returncode == 2 and "no CUDA device here" in bare.stderr
         assert not (tmp_path / "bare" / "gpu_check.json").exists()
+
+
+@pytest.mark.slow  # five processes, 35-50 s on 2 cores (more under load): make test-all; one step above
+def test_gpu_check_runs_every_step_on_the_cpu(tmp_path):
+    """`benchmarks/gpu_check.sh --device cpu --quick`: every step of `make gpu-check` at toy size on data the
+    test writes (a bundle without wheels: this Python has the packages). Each step ends ok; at most 8 files come
+    out; the merged record holds every part."""
+    record = run_gpu_check(tmp_path)
+    assert record["status"].keys() == {"pretrain-tiny", "finetune", "correctness", "recipe"}
+    assert record["finetune"]["tasks"]["rte"]["train"]["ratio_by_precision"]["fp32"] > 0
+    assert [r["head"] for r in record["correctness"]["rows"]] == ["Model", "ForPreTraining"]
+    assert record["recipe"]["uninterrupted"]["exit"] == 0 and record["recipe"]["tokens_per_second"] > 0
 
 
 def test_gpu_correctness_leaves_out_bf16_where_it_is_emulated(monkeypatch):

@@ -61,6 +61,9 @@ def test_the_grid_reports_each_epoch_and_what_a_reader_needs(tmp_path):
         assert Path(trial.user_attrs["run_folder"]) == (out / "trials" / f"trial-{trial.number:03d}").resolve()
 
 
+# A grid, a dashboard and a browser (25 s on 2 cores): make test-all. make test checks what the page loads, the
+# dashboard's API, in the test on PostgreSQL below, and what the grid records for it in the test above.
+@pytest.mark.slow
 @pytest.mark.skipif(CHROMIUM is None, reason="no chromium (as root: apt-get install chromium; `make install` does it)")
 def test_the_dashboard_shows_a_running_grid_in_a_browser(tmp_path):
     sync_playwright = pytest.importorskip("playwright.sync_api").sync_playwright
@@ -137,7 +140,8 @@ def _answers(url: str) -> bool:
 
 
 def test_the_dashboard_serves_a_study_on_postgresql(postgres_url, tmp_path):
-    """--storage URL: the grid's study on PostgreSQL, read by the dashboard's own API (what the page loads)."""
+    """--storage URL: the grid's study on PostgreSQL, read by the dashboard's own API (what the page loads): the
+    study, and a trial's parameters, learning curve and attributes (the browser shows them: make test-all)."""
     import json
 
     from helpers import fresh_database
@@ -146,7 +150,9 @@ def test_the_dashboard_serves_a_study_on_postgresql(postgres_url, tmp_path):
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(study_name="rte-grid-pg", storage=url, direction="maximize")
     trial = study.ask({"learning_rate": optuna.distributions.CategoricalDistribution([1e-3])})
+    trial.set_user_attr("task", "rte")
     trial.report(0.7, step=1)
+    trial.report(0.75, step=2)
     study.tell(trial, 0.8)
     port = free_port()
     log = open(tmp_path / "dashboard.log", "w+")
@@ -157,6 +163,12 @@ def test_the_dashboard_serves_a_study_on_postgresql(postgres_url, tmp_path):
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/studies", timeout=10) as response:
             studies = json.loads(response.read())["study_summaries"]
         assert [s["study_name"] for s in studies] == ["rte-grid-pg"]
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/studies/{studies[0]['study_id']}",
+                                    timeout=10) as response:
+            (served,) = json.loads(response.read())["trials"]
+        assert [(p["name"], float(p["param_external_value"])) for p in served["params"]] == [("learning_rate", 1e-3)]
+        assert [(v["step"], float(v["value"])) for v in served["intermediate_values"]] == [(1, 0.7), (2, 0.75)]
+        assert {"key": "task", "value": "rte"} in served["user_attrs"] and served["state"] == "Complete"
     finally:
         dashboard.terminate()
         dashboard.wait(timeout=30)

@@ -16,12 +16,23 @@ from helpers import write_ablation_data
 HEAVY = ("torch", "transformers", "bert_suite.modeling_bert_suite")
 
 
+def start_python(code: str, cwd=None) -> subprocess.Popen:
+    """Start `code` in a fresh interpreter; `finish_python` waits for it."""
+    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=cwd,
+                            env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"})
+
+
+def finish_python(proc: subprocess.Popen) -> dict:
+    """The JSON line a fresh interpreter printed last."""
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-3000:]
+    return json.loads(out.strip().splitlines()[-1])
+
+
 def run_python(code: str, cwd=None) -> dict:
     """Run `code` in a fresh interpreter; it prints one JSON line last, which is returned."""
-    done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, cwd=cwd,
-                          timeout=300, env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"})
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return finish_python(start_python(code, cwd))
 
 
 def test_the_data_commands_import_neither_torch_nor_transformers(tmp_path):
@@ -87,14 +98,16 @@ def test_wordpiece_gives_transformers_ids_for_every_source(tmp_path, lowercase):
     assert returned.get_vocab() == load_wordpiece(str(folder)).get_vocab()
 
 
-@pytest.mark.parametrize("first", ["transformers", "BertConfig", "bert_suite", "the model", "AutoConfig"])
-def test_import_bert_suite_registers_the_family_whatever_came_first(first):
-    """Registration waits for transformers' Auto modules (the package imports neither them nor torch), and
-    for the first look-up: importing BertConfig loads the Auto modules from inside transformers' own imports."""
-    before = {"transformers": "from transformers import AutoModel", "BertConfig": "from transformers import BertConfig",
-              "bert_suite": "pass", "the model": "from bert_suite import BertSuiteModel",
-              "AutoConfig": "from transformers import AutoConfig"}[first]
-    found = run_python(f"""
+FIRST_IMPORTS = {"transformers": "from transformers import AutoModel",
+                 "BertConfig": "from transformers import BertConfig", "bert_suite": "pass",
+                 "the model": "from bert_suite import BertSuiteModel", "AutoConfig": "from transformers import AutoConfig"}
+
+
+@pytest.fixture(scope="module")
+def registrations():
+    """The interpreters of the test below, one per first import, started together (each imports transformers and
+    torch, 4-5 s; on 2 cores two run at a time, so the five take the time of three): first import -> process."""
+    procs = {first: start_python(f"""
         import json, sys
         {before}
         import bert_suite
@@ -105,7 +118,19 @@ def test_import_bert_suite_registers_the_family_whatever_came_first(first):
                                                                        AutoModelForSequenceClassification)]
         print(json.dumps({{"config": type(config).__name__, "models": models,
                           "auto_classes": len(bert_suite.AUTO_CLASSES)}}))
-        """)
+        """) for first, before in FIRST_IMPORTS.items()}
+    yield procs
+    for proc in procs.values():
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
+@pytest.mark.parametrize("first", list(FIRST_IMPORTS))
+def test_import_bert_suite_registers_the_family_whatever_came_first(first, registrations):
+    """Registration waits for transformers' Auto modules (the package imports neither them nor torch), and
+    for the first look-up: importing BertConfig loads the Auto modules from inside transformers' own imports."""
+    found = finish_python(registrations[first])
     assert found == {"config": "BertSuiteConfig", "models": ["BertSuiteForMaskedLM", "BertSuiteForSequenceClassification"],
                      "auto_classes": 8}
 

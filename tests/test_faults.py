@@ -86,6 +86,21 @@ def check_same_grid(out: Path, whole: Path) -> None:
     assert not list((out / "trials").rglob("model.safetensors"))  # only the best checkpoint is kept
 
 
+def test_grid_killed_while_swapping_in_its_best_checkpoint_ends_as_an_uninterrupted_grid(grid_data, tmp_path):
+    """The first of the fragile moments below (the other two are in make test elsewhere: a worker killed between
+    training and recording, tests/test_grid_workers.py; a grid killed after recording, tests/test_compare.py)."""
+    data, whole, _ = grid_data
+    out = tmp_path / "killed"
+    rc, output = run_grid_process(data, out, "grid.best_swap:1")
+    assert rc == -signal.SIGKILL, output
+    assert (out / "best.incoming" / "best_trial.json").is_file() and not (out / "best").exists()
+    rc, output = run_grid_process(data, out)  # finishes the swap from best.incoming, then the grid
+    assert rc == 0, output
+    assert "running it again" not in output
+    check_same_grid(out, whole)
+
+
+@pytest.mark.slow  # five grid processes one after another (30 s on 2 cores): make test-all; the first kill above
 def test_grid_killed_at_its_fragile_moments_ends_as_an_uninterrupted_grid(grid_data, tmp_path):
     data, whole, _ = grid_data
     out = tmp_path / "killed"

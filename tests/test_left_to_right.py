@@ -181,7 +181,7 @@ def toy_span_batch(generator, n=64, length=14):
     return tokens, where
 
 
-def span_accuracy(bilstm: bool, steps=150) -> float:
+def span_accuracy(bilstm: bool, steps=80) -> float:  # the BiLSTM: all right from 80 steps (0.99 at 60)
     torch.manual_seed(0)
     config = BertSuiteConfig(**STOCK_CONFIG, causal_attention=True, bilstm=bilstm, hidden_dropout_prob=0.0,
                              attention_probs_dropout_prob=0.0)

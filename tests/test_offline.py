@@ -163,6 +163,9 @@ def test_recipe_init_from_the_hub_fails_fast_offline(hub, local, tmp_path):
     assert time.monotonic() - start < 10
 
 
+# Two fresh processes timed one after the other (15 s on 2 cores): make test-all. make test runs the same commands
+# in-process, each failing at once and naming the local way (the tests above).
+@pytest.mark.slow
 def test_a_fresh_process_with_no_network_and_no_cache_fails_as_soon_as_it_has_started(local, tmp_path):
     """The whole command as a user types it. Its time is the start-up (importing torch and
     transformers: 4-10 s on this project's 2-core VM, and not ours to cut) plus the failure, which

@@ -74,7 +74,7 @@ def train_flags(vocab: Path, out: Path, *extra: str) -> list[str]:
 
 def test_cardless_csv_classification_learns_saves_its_card_and_predict_reads_it_back(tmp_path, vocab, capsys):
     rng = random.Random(0)
-    train = write_records_csv(tmp_path / "train.csv", sentiment_rows(600, rng))
+    train = write_records_csv(tmp_path / "train.csv", sentiment_rows(300, rng))  # all right from 200 (3 data seeds)
     dev = write_records_csv(tmp_path / "dev.csv", sentiment_rows(200, rng))
     test = write_records_csv(tmp_path / "test.csv", sentiment_rows(40, rng, labelled=False))
     out = tmp_path / "run"
@@ -118,7 +118,7 @@ def test_labelled_test_file_is_scored_by_finetune_and_by_the_grids_best_trial(tm
     all_results.json, computed on the predictions written; the grid scores its best trial only, after the
     choice on dev, and says so in its report."""
     rng = random.Random(5)
-    train = write_records_csv(tmp_path / "train.csv", sentiment_rows(600, rng))
+    train = write_records_csv(tmp_path / "train.csv", sentiment_rows(300, rng))
     dev = write_records_csv(tmp_path / "dev.csv", sentiment_rows(200, rng))
     test = write_records_csv(tmp_path / "test.csv", sentiment_rows(120, rng))
     out = tmp_path / "run"
@@ -196,7 +196,7 @@ def test_cardless_parquet_three_classes_through_the_grid(tmp_path, vocab):
             out.append({"idx": len(out), "text": " ".join(rng.sample(WORDS, 2) + [cue]), "label": label})
         return out
 
-    train = write_parquet(tmp_path / "train.parquet", rows(450))
+    train = write_parquet(tmp_path / "train.parquet", rows(225))  # all right at 225 (3 data seeds)
     dev = write_parquet(tmp_path / "dev.parquet", rows(120))
     out = tmp_path / "grid"
     flags = ["--model", "preset:tiny", "--tokenizer", str(vocab), "--output_dir", str(out), "--disable_tqdm", "true",
