@@ -505,15 +505,36 @@ def test_an_optional_task_is_left_out_only_when_its_data_is_missing_and_a_misspe
         load_study(small_study(tmp_path, data, compare={"tasks": ["rte@5000"]}))
 
 
+def data_study(tmp_path, data, **changes):
+    return small_study(tmp_path, data, variants={
+        "general": {"corpus": {"task_texts": []}}, "per_file": {"corpus": {"task_documents": "file"}},
+        "per_example": {}, "random": {"from": "per_example", "random_init": True}, "pre": None},
+        pretraining={"steps": 4, "checkpoints": None}, curve=None, compare={"baseline": "per_example", "seeds": [1, 2]},
+        contrasts=[{"first": "per_example", "second": "general", "label": "what the task texts add"}], **changes)
+
+
+def test_the_data_stages_of_variants_that_differ_in_data_are_built_once_per_setting(data, tmp_path):
+    """The data stages alone (no pre-training): a folder per distinct corpus, vocabulary and instances, named
+    after the first variant that carries them; the study's own keeps its folders; task texts as one document
+    per file or per example."""
+    from bert_suite.ablation.stages import Progress, build_data, task_data
+
+    study, out = load_study(data_study(tmp_path, data)), tmp_path / "out"
+    built = build_data(study, out, task_data(study, out, Progress()), Progress())
+    assert {name: d.labels["corpus"] for name, d in built.items()} == {"general": "@general", "per_file": "@per_file",
+                                                                       "per_example": ""}
+    assert built["per_example"].instances == {32: out / "instances" / "32"}
+    assert built["general"].vocab == out / "vocabulary@general" and built["per_file"].vocab == out / "vocabulary@per_file"
+    per_file = (out / "corpus@per_file" / "tasks" / "rte-train.txt").read_text()
+    assert "\n\n" not in per_file.strip() and "\n\n" in (out / "corpus" / "tasks" / "rte-train.txt").read_text()
+    assert (out / "stages" / "corpus@general.json").is_file() and not (out / "corpus@per_example").exists()
+
+
+@pytest.mark.slow  # three pre-trainings and eight grids: make test-all; the data stages alone are tested above
 def test_variants_that_differ_in_data_build_their_own_stages_share_the_rest_and_the_record_says_which(data, tmp_path):
     """The domain question as a study: the general text alone, with the task texts one document per task file,
     and one per example (the study's own corpus, shared by its random twin)."""
-    study = small_study(tmp_path, data, variants={
-        "general": {"corpus": {"task_texts": []}}, "per_file": {"corpus": {"task_documents": "file"}},
-        "per_example": {}, "random": {"from": "per_example", "random_init": True}},
-        pretraining={"steps": 4, "checkpoints": None}, curve=None, compare={"baseline": "per_example", "seeds": [1, 2]},
-        contrasts=[{"first": "per_example", "second": "general", "label": "what the task texts add"}])
-    out = tmp_path / "out"
+    study, out = data_study(tmp_path, data), tmp_path / "out"
     assert run(study, "--output_dir", out) == 0
     for folder in ("corpus", "corpus@general", "corpus@per_file", "vocabulary", "vocabulary@general",
                    "vocabulary@per_file", "instances/32", "instances@general/32", "instances@per_file/32"):
