@@ -251,7 +251,6 @@ def test_recipe_in_bf16_starts_as_fp32_keeps_fp32_weights_and_resumes_exactly(pr
     from the same seed, every bf16 loss within 0.01 of fp32's (bf16's rounding alone, before the runs part); the
     checkpoint's fp32 master weights; a killed bf16 run resumed to the uninterrupted run's losses. The 200-step
     comparison (it learns; the later losses within a bound from the spread over seeds) is in make test-all."""
-    from safetensors.torch import load_file
 
     recipe = load_recipe()
 
@@ -267,12 +266,18 @@ def test_recipe_in_bf16_starts_as_fp32_keeps_fp32_weights_and_resumes_exactly(pr
     early = max(abs(a - b) for a, b in zip(bf16_loss, fp32_loss, strict=True))
     report("recipe MLM loss bf16 vs fp32: max |diff| steps 1-10 (10-step runs)", f"{early:.4f}")
     assert early < 0.01, (bf16_loss, fp32_loss)
+    fp32_master_weights_and_exact_resume(recipe, pretrain_setup, tmp_path, monkeypatch)
+
+
+def fp32_master_weights_and_exact_resume(recipe, pretrain_setup, tmp_path, monkeypatch):
+    """The bf16 run in tmp_path/bf16 kept fp32 master weights, and a bf16 run killed in step 10 of 12
+    (checkpoints every 4) resumes to the uninterrupted run's losses."""
+    from safetensors.torch import load_file
+
     weights = load_file(tmp_path / "bf16" / "final" / "model.safetensors")
     matrix = weights["bert.encoder.layer.0.intermediate.dense.weight"]
     assert all(w.dtype == torch.float32 for w in weights.values())
     assert (matrix != matrix.bfloat16().float()).float().mean() > 0.9  # fp32 values (a random fp32 is one 99.6%)
-
-    # exact resume in bf16 (12 steps, checkpoints every 4, killed in step 10)
     args = recipe_args(pretrain_setup, tmp_path / "whole", "max_steps=12", "phase1_fraction=0.75", "save_steps=4",
                        "eval_fraction=0", "mixed_precision=bf16")
     whole, resumed = killed_and_resumed(recipe, args, tmp_path / "whole", tmp_path / "killed", monkeypatch)
@@ -300,7 +305,6 @@ def test_recipe_in_bf16_follows_the_fp32_loss_and_resumes_exactly(pretrain_setup
     - fp32 master weights: the bf16 run's weights are fp32 values, not bf16 ones widened (updates smaller
       than bf16's resolution are kept; a model trained in bf16 itself ends with bf16 values only).
     A killed bf16 run then resumes to the uninterrupted run's losses."""
-    from safetensors.torch import load_file
 
     recipe = load_recipe()
 
@@ -321,19 +325,7 @@ def test_recipe_in_bf16_follows_the_fp32_loss_and_resumes_exactly(pretrain_setup
     assert early < 0.01, (bf16_loss[:10], fp32_loss[:10])
     assert tail["bf16"] < bf16_loss[0] - 0.8
     assert abs(tail["bf16"] - tail["fp32"]) < 0.15, tail
-    weights = load_file(tmp_path / "bf16" / "final" / "model.safetensors")
-    matrix = weights["bert.encoder.layer.0.intermediate.dense.weight"]
-    assert all(w.dtype == torch.float32 for w in weights.values())
-    assert (matrix != matrix.bfloat16().float()).float().mean() > 0.9  # fp32 values (a random fp32 is one 99.6%)
-
-    # exact resume in bf16 (12 steps, checkpoints every 4, killed in step 10)
-    args = recipe_args(pretrain_setup, tmp_path / "whole", "max_steps=12", "phase1_fraction=0.75", "save_steps=4",
-                       "eval_fraction=0", "mixed_precision=bf16")
-    whole, resumed = killed_and_resumed(recipe, args, tmp_path / "whole", tmp_path / "killed", monkeypatch)
-    assert [h["step"] for h in resumed] == [9, 10, 11, 12]
-    for a, b in zip(whole[-4:], resumed, strict=True):
-        assert a["mlm_loss"] == pytest.approx(b["mlm_loss"], rel=1e-6, abs=1e-7)
-        assert a["nsp_loss"] == pytest.approx(b["nsp_loss"], rel=1e-6, abs=1e-7)
+    fp32_master_weights_and_exact_resume(recipe, pretrain_setup, tmp_path, monkeypatch)
 
 
 def test_a_bf16_step_has_the_fp32_gradients_to_bf16_rounding():
