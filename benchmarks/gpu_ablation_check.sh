@@ -59,40 +59,7 @@ say() { echo "[check +$(($(date +%s) - T0))s] $*" | tee -a "$LOG"; }
 export PYTHONPATH="$TREE/src${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 \
     HF_EVALUATE_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
 
-# --- the interpreter, and the wheels it lacks (no network on the GPU machine)
-PY=${PYTHON:-python3}
-PY=$(command -v "$PY") || { echo "gpu_ablation_check: no $PY" >&2; exit 2; }
-case $PY in /*) ;; *) PY=$PWD/$PY ;; esac
-PIN=$(grep -i '^transformers==' constraints.txt | cut -d= -f3)
-if ! "$PY" -c "import datasets, evaluate, seqeval, optuna, transformers as t; assert t.__version__ == '$PIN'" 2>/dev/null; then
-    SITE=/tmp/bert-suite-site
-    say "installing $BUNDLE/wheels into $SITE"
-    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
-        "$BUNDLE"/wheels/*.whl 2>&1 | tail -5 | tee -a "$LOG"
-    export PYTHONPATH="$TREE/src:$SITE${PYTHONPATH#"$TREE/src"}"
-fi
-# --- accelerate and bert-suite beside sys.executable, as the package expects
-BIN=$(dirname "$PY")
-if ((WRAP)) || [ ! -x "$BIN/accelerate" ] || [ ! -x "$BIN/bert-suite" ]; then
-    VENV=/tmp/bert-suite-venv
-    rm -rf "$VENV" && mkdir -p "$VENV/bin"
-    ln -s "$PY" "$VENV/bin/python3"
-    if [ -f "$BIN/../pyvenv.cfg" ]; then  # a venv's interpreter finds its packages from pyvenv.cfg next to bin/
-        ln -s "$(cd "$BIN/.." && pwd)/pyvenv.cfg" "$VENV/pyvenv.cfg"
-        for lib in lib lib64; do [ -e "$BIN/../$lib" ] && ln -s "$(cd "$BIN/../$lib" && pwd)" "$VENV/$lib"; done
-    fi
-    printf '#!/bin/sh\nexec %s -m accelerate.commands.accelerate_cli "$@"\n' "$VENV/bin/python3" > "$VENV/bin/accelerate"
-    printf '#!/bin/sh\nexec %s -c "import sys; from bert_suite_cli import main; sys.exit(main())" "$@"\n' \
-        "$VENV/bin/python3" > "$VENV/bin/bert-suite"
-    chmod +x "$VENV/bin/accelerate" "$VENV/bin/bert-suite"
-    BIN=$VENV/bin
-    say "wrapper $BIN (python3 -> $PY, accelerate, bert-suite)"
-fi
-"$BIN/python3" -c "import sys, torch, accelerate, transformers, bert_suite; print('python', sys.version.split()[0], \
-sys.executable, '| torch', torch.__version__, 'cuda', torch.cuda.is_available(), torch.cuda.get_device_name() \
-if torch.cuda.is_available() else '', '| accelerate', accelerate.__version__, '| transformers', \
-transformers.__version__, '| bert_suite', bert_suite.__file__)" 2>&1 | tee -a "$LOG"
-"$BIN/accelerate" --help > /dev/null 2>&1 || say "FAILED: $BIN/accelerate --help"
+. "$(dirname "$0")/gpu_env.sh"  # PY, BIN: the interpreter with the wheels, accelerate and bert-suite
 
 # --- the study: the bundle's corpus and released vocabulary, one pre-trained variant and its random twin
 rm -rf "$WORK" && mkdir -p "$WORK"

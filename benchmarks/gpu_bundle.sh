@@ -33,7 +33,9 @@ mkdir -p "$OUT/wheels" "$OUT/project" "$OUT/data/vocab/bert-base-uncased" "$OUT/
     "$OUT/before/bert_suite_before"
 
 specs=()
-for name in transformers datasets evaluate optuna dill multiprocess alembic colorlog SQLAlchemy Mako; do
+# tokenizers: the machine's (0.23.2 seen) is older than the pin, and a vocabulary a study learns there must be
+# the one it learns here
+for name in transformers tokenizers datasets evaluate optuna dill multiprocess alembic colorlog SQLAlchemy Mako; do
     spec=$(pinned "$name")
     [ -n "$spec" ] || { echo "gpu-bundle: no version of $name in constraints.txt or .venv" >&2; exit 2; }
     specs+=("$spec")
