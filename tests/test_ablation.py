@@ -327,7 +327,11 @@ def test_the_file_is_read_as_written_with_paths_relative_to_it(data, tmp_path, m
     assert study.corpus.files[0].parent == data / "corpus" / "gutenberg"
     assert [str(d) for d in study.compare.data_dirs] == [str(data / "glue"),
                                                          f"squad_small={data / 'squad' / 'dev-v1.1.json'}"]
-    assert study.pretrained == ["mlm_nsp", "mlm", "ltr"] and study.variants["random"].source == "mlm_nsp"
+    assert study.pretrained == ["mlm_nsp", "mlm", "ltr", "ltr_then_mlm_nsp"]
+    assert study.variants["random"].source == "mlm_nsp"
+    biphasic = study.recipe_of("ltr_then_mlm_nsp")  # the mlm_nsp recipe with its first half left-to-right
+    assert biphasic == {**study.recipe_of("mlm_nsp"), "causal_fraction": 0.5}
+    assert study.curve_variants == ["mlm_nsp", "ltr", "ltr_then_mlm_nsp"]
     monkeypatch.delenv("BERT_SUITE_DATA")
     (tmp_path / "corpus.txt").write_text("one two three .\n")
     rel = small_study(tmp_path, data, corpus={"files": ["corpus.txt"], "task_texts": []})
@@ -528,6 +532,12 @@ def test_the_data_stages_of_variants_that_differ_in_data_are_built_once_per_sett
     per_file = (out / "corpus@per_file" / "tasks" / "rte-train.txt").read_text()
     assert "\n\n" not in per_file.strip() and "\n\n" in (out / "corpus" / "tasks" / "rte-train.txt").read_text()
     assert (out / "stages" / "corpus@general.json").is_file() and not (out / "corpus@per_example").exists()
+    # a --variant run builds its variants' data alone, named as the whole run names it
+    alone = tmp_path / "alone"
+    built = build_data(study, alone, task_data(study, alone, Progress()), Progress(), only=["per_file"])
+    assert list(built) == ["per_file"] and built["per_file"].vocab == alone / "vocabulary@per_file"
+    assert sorted(p.name for p in alone.iterdir() if p.name != "stages") == ["corpus@per_file", "instances@per_file",
+                                                                              "vocabulary@per_file"]
 
 
 @pytest.mark.slow  # three pre-trainings and eight grids: make test-all; the data stages alone are tested above

@@ -58,7 +58,9 @@ def run_ablation(path: str | Path, output_dir: str | Path, until: str = "compare
     with stopping():
         with data_lock(out):
             data_dirs = task_data(study, out, progress)
-            data = build_data(study, out, data_dirs, progress)  # corpus, vocabulary, instances
+            # corpus, vocabulary, instances (a --variant run with given steps: its variants' alone)
+            data = build_data(study, out, data_dirs, progress,
+                              only if study.pretraining.steps is not None else None)
             check_study_tasks(study, data_dirs, data)
             steps = plan_steps(study, out, data, progress)
         runs = {name: out / "pretraining" / name for name in study.pretrained}

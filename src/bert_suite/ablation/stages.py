@@ -133,11 +133,13 @@ class Data:
         return list(self.instances)
 
 
-def build_data(study: Study, out: Path, data_dirs: list, progress: Progress) -> dict[str, Data]:
+def build_data(study: Study, out: Path, data_dirs: list, progress: Progress,
+               only: list[str] | None = None) -> dict[str, Data]:
     """The corpus, vocabulary and instances stages of every pre-trained variant: the study's sections in
     corpus/, vocabulary/ and instances/LENGTH/, a variant's own (when it carries any) in corpus@NAME/,
     vocabulary@NAME/ and instances@NAME/LENGTH/, NAME the first variant with those settings; variants with the
-    same settings share the stages. Returns each pre-trained variant's Data."""
+    same settings share the stages. Returns each pre-trained variant's Data; `only` (a --variant run of a study
+    whose steps are given): the data of these variants alone, under the labels a whole run gives them."""
     labels: dict[tuple, str] = {}
 
     def label(kind: str, key: tuple, default: tuple, name: str) -> str:
@@ -149,12 +151,15 @@ def build_data(study: Study, out: Path, data_dirs: list, progress: Progress) -> 
     defaults = keyed(study.corpus, study.vocabulary, study.instances)
     built: dict[tuple, object] = {}
     found = {}
+    tagged = {}  # every variant's labels first, so a --variant run names its stages as the whole run does
     for name in study.pretrained:
+        key = keyed(*study.data_of(name))
+        tagged[name] = {"corpus": label("corpus", key[:1], defaults[:1], name),
+                        "vocabulary": label("vocabulary", key[:2], defaults[:2], name),
+                        "instances": label("instances", key, defaults, name)}
+    for name in only or study.pretrained:
         corpus, vocabulary, instances = study.data_of(name)
-        key = keyed(corpus, vocabulary, instances)
-        tags = {"corpus": label("corpus", key[:1], defaults[:1], name),
-                "vocabulary": label("vocabulary", key[:2], defaults[:2], name),
-                "instances": label("instances", key, defaults, name)}
+        tags = tagged[name]
         if ("corpus", tags["corpus"]) not in built:
             built["corpus", tags["corpus"]] = build_corpus(study, out, corpus, tags["corpus"], data_dirs, progress)
         files, decontamination = built["corpus", tags["corpus"]]
