@@ -49,6 +49,7 @@ from bert_suite.pretraining.checkpoints import (
     load_checkpoint,
     load_initial_model,
     save_checkpoint,
+    start_from_checkpoint,
     trim_log,
 )
 from bert_suite.pretraining.config import load_pretrain_config
@@ -168,6 +169,20 @@ def save_model(accelerator, model, tokenizer, target: Path) -> Path:
     return target
 
 
+def add_nsp_head(model, seed: int) -> None:
+    """The NSP head of a model built without one, drawn from a generator of its own (seed + 1): the model's
+    other weights and the random state after them are a left-to-right run's, so that run's checkpoint at the
+    switch is this run's state there (`start_from_checkpoint`)."""
+    config = model.config
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed + 1)
+        head = torch.nn.Linear(config.hidden_size, 2)
+        head.weight.data.normal_(mean=0.0, std=config.initializer_range)
+        head.bias.data.zero_()
+    model.cls.seq_relationship = head
+    config.use_nsp = True
+
+
 def set_objective(model, cfg, causal: bool) -> None:
     """The model's attention and heads for the objective: left-to-right without NSP, or bidirectional with NSP
     as the config says (read at call time by the attention, the pooler and the heads)."""
@@ -216,10 +231,13 @@ def main(argv=None):
                if getattr(cfg, k) is not None}
     if cfg.init_from:  # its weights, with this run's objective (a causal checkpoint continued with MLM + NSP)
         model = load_initial_model(cfg.init_from, causal_attention=cfg.causal_attention, use_nsp=cfg.use_nsp, **dropout)
-    else:
+    else:  # a biphasic run is drawn as a left-to-right run is, its NSP head apart (its first steps are that run's)
+        biphasic = cfg.causal_until > 0 and cfg.use_nsp
         model = BertSuiteForPreTraining(BertSuiteConfig.from_preset(
-            cfg.model_size, vocab_size=len(tokenizer), use_nsp=cfg.use_nsp, causal_attention=cfg.causal_attention,
-            **dropout))
+            cfg.model_size, vocab_size=len(tokenizer), use_nsp=cfg.use_nsp and not biphasic,
+            causal_attention=cfg.causal_attention, **dropout))
+        if biphasic:
+            add_nsp_head(model, cfg.seed)
     positions = model.config.max_position_embeddings
     phase_data = [load_instances(cfg.train_data, positions, "train_data")]
     if cfg.train_data_phase2:
@@ -282,12 +300,27 @@ def main(argv=None):
         if found:
             step = load_checkpoint(accelerator, found[-1], scheduler)
             accelerator.print(f"resumed from {found[-1]} at step {step}")
+    started_from = None  # another run's checkpoint whose steps were this run's own
+    if step == 0 and cfg.start_from_checkpoint:
+        try:
+            step = start_from_checkpoint(accelerator, cfg.start_from_checkpoint, model, optimizer, scheduler)
+        except ValueError as err:
+            raise SystemExit(f"pretrain: error: {err}") from None
+        started_from = Path(cfg.start_from_checkpoint)
+        accelerator.print(f"started from {started_from} at step {step} (another run's checkpoint)")
     if accelerator.is_main_process:
         out.mkdir(parents=True, exist_ok=True)
         # a fresh start has no curve left over from an earlier run; a resumed one drops the steps
         # logged after its checkpoint by the run that died
         if step == 0:
             (out / "metrics.jsonl").unlink(missing_ok=True)
+            (out / "started_from.json").unlink(missing_ok=True)
+        elif started_from is not None:  # the other run's log of those steps is this run's
+            theirs = started_from.parent.parent / "metrics.jsonl"
+            if theirs.is_file():
+                shutil.copyfile(theirs, out / "metrics.jsonl")
+            trim_log(out / "metrics.jsonl", step)
+            atomic_write_text(out / "started_from.json", json.dumps({"checkpoint": str(started_from), "step": step}))
         else:
             trim_log(out / "metrics.jsonl", step)
     if report_to:
@@ -354,8 +387,8 @@ def main(argv=None):
                     f.write(json.dumps(logs) + "\n")
         if step in cfg.snapshot_steps and step < cfg.max_steps:  # before the checkpoint: a run resumed from
             save_model(accelerator, model, tokenizer, out / "snapshots" / f"step-{step}")  # it has its snapshots
-        if step % cfg.save_steps == 0 and step < cfg.max_steps:
-            save_checkpoint(accelerator, checkpoints, step, scheduler, cfg.save_total_limit)
+        if (step % cfg.save_steps == 0 or step in cfg.keep_checkpoints) and step < cfg.max_steps:
+            save_checkpoint(accelerator, checkpoints, step, scheduler, cfg.save_total_limit, tuple(cfg.keep_checkpoints))
     bar.close()
 
     final = save_model(accelerator, model, tokenizer, out / "final")
@@ -363,6 +396,8 @@ def main(argv=None):
         results = {"step": step, "config": vars(cfg), **precision.record(), **memory,
                    "step_form": {"static_shapes": static, "torch_compile": compiled, "cuda_graph": graph},
                    "objectives": cfg.objectives(),
+                   **({"started_from": json.loads((out / "started_from.json").read_text())}
+                      if (out / "started_from.json").is_file() else {}),
                    **(history[-1] if history else {})}
         atomic_write_text(out / "pretrain_results.json", json.dumps(results, indent=2, default=str))
         accelerator.print(f"saved {final}: " + ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"

@@ -10,7 +10,9 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
+from safetensors.torch import load_file
 
 from bert_suite.ablation import AblationError, load_study
 from bert_suite_cli import main
@@ -507,6 +509,36 @@ def test_an_optional_task_is_left_out_only_when_its_data_is_missing_and_a_misspe
         load_study(small_study(tmp_path, data, corpus={"task_texts": ["stbs"]}))
     with pytest.raises(AblationError, match=r"compare.tasks: rte@5000: 5,000 labels is above rte's train size"):
         load_study(small_study(tmp_path, data, compare={"tasks": ["rte@5000"]}))
+
+
+def test_a_biphasic_variant_starts_from_the_left_to_right_variants_checkpoint_at_its_switch(data, tmp_path):
+    """Issue 51: the biphasic variant's first half is the ltr variant's (the recipe test shows the weights are
+    the same), so the study starts it from ltr's checkpoint at the switch, which ltr keeps past the rotation,
+    copies ltr's snapshots of those steps as its own, and the record says so."""
+    from bert_suite.ablation import pretraining_record
+    from bert_suite.ablation.stages import UNRECORDED
+
+    study = small_study(tmp_path, data, variants={"ltr": {"use_nsp": False, "causal_attention": True},
+                                                  "bi": {"causal_fraction": 0.5}},
+                        curve={"variants": ["ltr", "bi"], "tasks": ["rte"]}, compare={"baseline": "bi"},
+                        contrasts=[{"first": "bi", "second": "ltr", "label": "biphasic against ltr"}])
+    out = tmp_path / "out"
+    assert run(study, "--output_dir", out, "--until", "pretraining") == 0
+    ltr, bi = out / "pretraining" / "ltr", out / "pretraining" / "bi"
+    assert (ltr / "checkpoints" / "step-3" / "progress.json").is_file()  # kept for bi (save_total_limit is 2)
+    assert json.loads((bi / "started_from.json").read_text()) == {"checkpoint": str(ltr / "checkpoints" / "step-3"),
+                                                                  "step": 3}
+    assert "started from" in (out / "logs" / "pretraining-bi.log").read_text()
+    snapshot = load_file(str(bi / "snapshots" / "step-3" / "model.safetensors"))
+    assert all(torch.equal(v, load_file(str(ltr / "snapshots" / "step-3" / "model.safetensors"))[k])
+               for k, v in snapshot.items())
+    assert [json.loads(line)["objective"] for line in (bi / "metrics.jsonl").read_text().splitlines()][:3] == \
+        ["causal"] * 3
+    recorded = json.loads((out / "stages" / "pretraining-ltr.json").read_text())["settings"]["recipe"]
+    assert not set(UNRECORDED) & set(recorded)  # keeping a checkpoint changes no weight: not a setting
+    facts = pretraining_record(load_study(study), {"ltr": ltr, "bi": bi}, None, 6)
+    assert facts["bi"]["started_from"] == {"variant": "ltr", "step": 3} and "started_from" not in facts["ltr"]
+    assert [o["objective"] for o in facts["bi"]["objectives"]] == ["causal", "mlm_nsp"]
 
 
 def data_study(tmp_path, data, **changes):

@@ -107,6 +107,48 @@ def test_a_causal_checkpoint_continues_with_mlm_and_nsp(pretrain_setup, tmp_path
     assert "cls.seq_relationship.weight" not in start  # the NSP head is new; the encoder is the causal model's
 
 
+def test_a_biphasic_run_started_from_the_left_to_right_runs_checkpoint_at_the_switch_ends_as_one_trained_whole(
+        pretrain_setup, tmp_path):
+    """Table 5's reuse: the biphasic run's first steps are the left-to-right run's (its weights are drawn alike,
+    its NSP head from a generator of its own, and that head has no gradient before the switch), so starting from
+    that run's checkpoint at the switch gives the same weights as training them again, dropout on; the
+    checkpoint is kept past the rotation, and the record and the log say where the run started."""
+    recipe = load_recipe()
+    quiet = ("eval_fraction=0",)  # dropout on: its random state is restored with the checkpoint
+    fresh_state()
+    whole = recipe.main(schedule(pretrain_setup, tmp_path / "whole", *quiet))
+    fresh_state()
+    recipe.main(schedule(pretrain_setup, tmp_path / "ltr", *quiet, "causal_steps=null", "use_nsp=false",
+                         "causal_attention=true", "keep_checkpoints=6"))
+    kept = sorted(p.name for p in (tmp_path / "ltr" / "checkpoints").iterdir())
+    assert kept == ["step-10", "step-6", "step-8"]  # the two newest, and step 6 kept for the other run
+    fresh_state()
+    start = tmp_path / "ltr" / "checkpoints" / "step-6"
+    second = recipe.main(schedule(pretrain_setup, tmp_path / "bi", *quiet, f"start_from_checkpoint={start}"))
+    assert [h["step"] for h in second] == list(range(7, 13)) and {h["objective"] for h in second} == {"mlm_nsp"}
+    for a, b in zip(whole[6:], second, strict=True):
+        assert a["mlm_loss"] == pytest.approx(b["mlm_loss"], rel=1e-6, abs=1e-7)
+    first, reused = (load_file(str(tmp_path / run / "final" / "model.safetensors")) for run in ("whole", "bi"))
+    assert first.keys() == reused.keys() and "cls.seq_relationship.weight" in reused
+    assert all(torch.allclose(first[k], reused[k], atol=1e-6) for k in first)
+    results = json.loads((tmp_path / "bi" / "pretrain_results.json").read_text())
+    assert results["started_from"] == {"checkpoint": str(start), "step": 6}
+    log = [json.loads(line) for line in (tmp_path / "bi" / "metrics.jsonl").read_text().splitlines()]
+    assert [h["step"] for h in log] == list(range(1, 13))  # the left-to-right run's steps 1-6 are this run's
+    assert [h["objective"] for h in log[:6]] == ["causal"] * 6
+
+
+def test_a_start_from_a_checkpoint_of_another_model_is_an_error_naming_the_parameter(pretrain_setup, tmp_path):
+    recipe = load_recipe()
+    fresh_state()
+    recipe.main(recipe_args(pretrain_setup, tmp_path / "mini", "max_steps=2", "save_steps=1", "model_size=mini",
+                            "phase1_fraction=1", "train_data_phase2=null"))
+    fresh_state()
+    with pytest.raises(SystemExit, match=r"start_from_checkpoint .*step-1: "):
+        recipe.main(recipe_args(pretrain_setup, tmp_path / "tiny", "max_steps=2", "phase1_fraction=1",
+                                "train_data_phase2=null", f"start_from_checkpoint={tmp_path / 'mini/checkpoints/step-1'}"))
+
+
 @pytest.mark.parametrize("keys, message", [
     (["causal_steps=3", "causal_fraction=0.5"], "causal_steps and causal_fraction are both set"),
     (["causal_steps=10"], "causal_steps must be a step from 1 to 9"),

@@ -40,6 +40,11 @@ def pretraining_record(study: Study, runs: dict[str, Path], data: dict | None, s
                         "accuracy_kind": "next_token" if config["causal_attention"] else "mlm",
                         "not_next_share": round(sum(s * st["not_next_share"] for s, _, st in phases) / steps, 4),
                         "precision": results.get("precision")}
+        if len(results.get("objectives") or []) > 1:  # an objective schedule: which objective when
+            record[name]["objectives"] = results["objectives"]
+        if "started_from" in results:  # its first steps are another variant's (stages.reused_start)
+            start = Path(results["started_from"]["checkpoint"])
+            record[name]["started_from"] = {"variant": start.parent.parent.name, "step": results["started_from"]["step"]}
         if study.data_variants and data:
             record[name]["data"] = data_facts(data[name])
     return record
@@ -114,6 +119,12 @@ def markdown(record: dict, study: Study, decontamination: dict | None) -> str:
             for name, f in record["pretraining"].items()]
     lines += ["## Pre-training", "", *md_table(["variant", "steps", "minutes", "tokens", "held-out accuracy", "kind",
                                                 "NotNext share", "precision"], rows), ""]
+    for name, f in record["pretraining"].items():
+        if "started_from" in f:
+            start = f["started_from"]
+            lines += [f"{name}'s first {start['step']:,} steps are {start['variant']}'s: the same computation (data, "
+                      f"schedule, seed, weights drawn alike), so it started from {start['variant']}'s checkpoint at step "
+                      f"{start['step']:,} rather than train them again; its minutes are those of its own steps.", ""]
     if any(f["accuracy_kind"] == "next_token" for f in record["pretraining"].values()):
         lines += ["MLM accuracy (at masked positions) and next-token accuracy are not comparable: a masked model sees "
                   "both sides of the token it predicts, a left-to-right one only the left.", ""]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import inspect
 import json
+import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -139,7 +140,8 @@ def build_data(study: Study, out: Path, data_dirs: list, progress: Progress,
     corpus/, vocabulary/ and instances/LENGTH/, a variant's own (when it carries any) in corpus@NAME/,
     vocabulary@NAME/ and instances@NAME/LENGTH/, NAME the first variant with those settings; variants with the
     same settings share the stages. Returns each pre-trained variant's Data; `only` (a --variant run of a study
-    whose steps are given): the data of these variants alone, under the labels a whole run gives them."""
+    whose steps are given): the data of these variants alone (and of the variants that share it), under the
+    labels a whole run gives them."""
     labels: dict[tuple, str] = {}
 
     def label(kind: str, key: tuple, default: tuple, name: str) -> str:
@@ -157,9 +159,12 @@ def build_data(study: Study, out: Path, data_dirs: list, progress: Progress,
         tagged[name] = {"corpus": label("corpus", key[:1], defaults[:1], name),
                         "vocabulary": label("vocabulary", key[:2], defaults[:2], name),
                         "instances": label("instances", key, defaults, name)}
-    for name in only or study.pretrained:
+    order = [*only, *(n for n in study.pretrained if n not in only)] if only else study.pretrained
+    for name in order:
         corpus, vocabulary, instances = study.data_of(name)
         tags = tagged[name]
+        if only and name not in only and any((kind, tags[kind]) not in built for kind in tags):
+            continue  # a variant with other data than those run: not built here
         if ("corpus", tags["corpus"]) not in built:
             built["corpus", tags["corpus"]] = build_corpus(study, out, corpus, tags["corpus"], data_dirs, progress)
         files, decontamination = built["corpus", tags["corpus"]]
@@ -373,6 +378,33 @@ def plan_steps(study: Study, out: Path, data: dict[str, Data], progress: Progres
 # ------------------------------------------------------------------------------------------- pre-training
 
 
+def reused_start(name: str, donor: str, step: int, runs: dict[str, Path], overrides: dict,
+                 progress: Progress) -> Path | None:
+    """The donor's checkpoint at `step` for variant `name` to start from, with the donor's snapshots of the
+    steps up to it copied as `name`'s (the same weights); None (the variant trains them itself) when the donor
+    has no such checkpoint yet or lacks one of those snapshots."""
+    from ..pretraining.config import load_pretrain_config
+
+    checkpoint = runs[donor] / "checkpoints" / f"step-{step}"
+    wanted = [s for s in load_pretrain_config(None, [f"{k}={v}" for k, v in overrides.items()]).snapshot_steps
+              if s <= step]
+    missing = [s for s in wanted if not (runs[donor] / "snapshots" / f"step-{s}" / "config.json").is_file()]
+    if not (checkpoint / "progress.json").is_file() or missing:
+        why = f"no complete checkpoint at step {step:,}" if not missing else f"no snapshot at step {missing[0]:,}"
+        progress.stage("pretraining", f"{name}: its first {step:,} steps are {donor}'s, but {donor} has {why} yet: "
+                       "trained here")
+        return None
+    for s in wanted:
+        target = runs[name] / "snapshots" / f"step-{s}"
+        if not target.is_dir():
+            shutil.copytree(runs[donor] / "snapshots" / f"step-{s}", target.with_name(target.name + ".copying"),
+                            dirs_exist_ok=True)
+            target.with_name(target.name + ".copying").rename(target)
+    progress.stage("pretraining", f"{name}: its first {step:,} steps are {donor}'s (the same computation): starting "
+                   f"from {donor}'s checkpoint at step {step:,}")
+    return checkpoint
+
+
 def finished_steps(run: Path) -> int | None:
     results = run / "pretrain_results.json"
     if results.is_file() and (run / "final" / "config.json").is_file():
@@ -385,6 +417,40 @@ def minutes_of(run: Path) -> float:
     return sum(t["seconds"] for t in json.loads(timing.read_text())) / 60 if timing.is_file() else 0.0
 
 
+# recipe keys that change no weight (which checkpoints are kept, where a run starts from another's own steps):
+# left out of a pre-training stage's record, so a study that gains or loses a reuse resumes its runs
+UNRECORDED = ("keep_checkpoints", "start_from_checkpoint")
+# the keys in which a run with a left-to-right first phase may differ from the left-to-right run it starts from
+OBJECTIVE_KEYS = ("output_dir", "snapshot_steps", "causal_attention", "use_nsp", "causal_fraction", "causal_steps",
+                  *UNRECORDED)
+
+
+def reused_starts(study: Study, data: dict[str, Data], runs: dict[str, Path], steps: int) -> dict[str, tuple[str, int]]:
+    """{variant: (donor, step)} for each pre-trained variant whose first `step` steps are the same computation as
+    a left-to-right variant's (an objective schedule, causal first, switching at `step`; every other recipe key
+    and its data the donor's): it starts from the donor's checkpoint at that step (issue 51: Table 5's biphasic
+    row starts from ltr's step 10,000). The donor keeps that checkpoint (`keep_checkpoints`)."""
+    from .launch import config_value, recipe_overrides
+
+    overrides = {name: recipe_overrides(study, name, data[name], runs[name], steps) for name in study.pretrained
+                 if name in data}  # (a --variant run has the data of its variants and of those sharing it)
+
+    def rest(name):
+        return {k: v for k, v in overrides[name].items() if k not in OBJECTIVE_KEYS}
+
+    found = {}
+    for name in overrides:
+        switch = config_value(overrides[name], "causal_until")
+        if not switch or config_value(overrides[name], "init_from"):
+            continue
+        for donor in overrides:
+            if donor != name and config_value(overrides[donor], "causal_attention") \
+                    and not config_value(overrides[donor], "causal_until") and rest(donor) == rest(name):
+                found[name] = (donor, switch)
+                break
+    return found
+
+
 def pretrain(study: Study, out: Path, data: dict[str, Data], steps: int, only: list[str] | None,
              progress: Progress) -> dict[str, Path]:
     """Run (or resume) the recipe for each pre-trained variant (`only`: these), one after another, each under
@@ -395,13 +461,20 @@ def pretrain(study: Study, out: Path, data: dict[str, Data], steps: int, only: l
 
     runs = {name: out / "pretraining" / name for name in study.pretrained}
     todo = list(only or study.pretrained)
+    starts = reused_starts(study, data, runs, steps)
+    kept: dict[str, list[int]] = {}
+    for donor, step in starts.values():
+        kept.setdefault(donor, []).append(step)
     pace = []  # seconds per step of the runs finished in this process
     for number, name in enumerate(todo):
         run = runs[name]
         overrides = recipe_overrides(study, name, data[name], run, steps)
+        if name in kept:
+            overrides["keep_checkpoints"] = ",".join(map(str, sorted(kept[name])))
+        recorded = {k: v for k, v in overrides.items() if k not in UNRECORDED}
         with variant_lock(out, name):
-            check_stage(out, f"pretraining/{name}", {"recipe": overrides}, [], run.is_dir() and any(run.iterdir()),
-                        legacy={"overrides": [f"{k}={v}" for k, v in overrides.items()]})
+            check_stage(out, f"pretraining/{name}", {"recipe": recorded}, [], run.is_dir() and any(run.iterdir()),
+                        legacy={"overrides": [f"{k}={v}" for k, v in recorded.items()]})
             done = finished_steps(run)
             if done is not None and done != steps:
                 raise AblationError(f"{run} holds a finished run of {done:,} steps, not {steps:,}; give another "
@@ -412,6 +485,10 @@ def pretrain(study: Study, out: Path, data: dict[str, Data], steps: int, only: l
                                f"{steps:,} steps each); " + progress.left(pace[-1] * remaining if pace else None))
                 found = complete_checkpoints(run / "checkpoints")
                 first = int(found[-1].name.split("-")[1]) if found else 0  # where the recipe resumes
+                if name in starts and not found and not (run / "started_from.json").is_file():
+                    start = reused_start(name, *starts[name], runs, overrides, progress)
+                    if start is not None:
+                        overrides["start_from_checkpoint"], first = start, starts[name][1]
                 seconds = launch_recipe(overrides, out / "logs" / f"pretraining-{name}.log", run / "timing.json")
                 pace.append(seconds / max(steps - first, 1))
         progress.stage("pretraining", f"{name} done ({steps:,} steps, {minutes_of(run):.1f} minutes)")

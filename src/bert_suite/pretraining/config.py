@@ -83,6 +83,14 @@ class PretrainConfig:
     # steps at which the model is also saved as a from_pretrained folder, output_dir/snapshots/step-N, and kept
     # (a curve of fine-tuning scores against pre-training steps: the paper's Figure 5); the last step is final/
     snapshot_steps: list[int] = field(default_factory=list)
+    # steps whose checkpoints (with the optimizer) are also saved and never rotated away: another run may start
+    # from them (a left-to-right run's checkpoint at a biphasic run's switch, `start_from_checkpoint`)
+    keep_checkpoints: list[int] = field(default_factory=list)
+    # a fresh run starts from another run's complete checkpoint whose steps were this run's own (the same data,
+    # schedule, seed and objective up to that step: a left-to-right run's at a biphasic run's switch): its
+    # weights, optimizer state, schedule and random states; parameters the other run lacks (the NSP head) keep
+    # this run's first values
+    start_from_checkpoint: str | None = None
     resume_from_checkpoint: str | None = "auto"  # auto: latest in output_dir/checkpoints; null: start over
     report_to: str = "tensorboard"  # tensorboard, none, or any accelerate tracker name
     # processes that pad, mask and count the batches ahead of the step; auto: 0 on the CPU, up to 4 beside a GPU
@@ -235,8 +243,11 @@ def validate(cfg: PretrainConfig, source: str) -> PretrainConfig:
     for key in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
         if getattr(cfg, key) is not None and not 0 <= getattr(cfg, key) < 1:
             bad(key, "must be in [0, 1) or null")
-    if any(not 1 <= s <= cfg.max_steps for s in cfg.snapshot_steps):
-        bad("snapshot_steps", f"must be steps between 1 and max_steps ({cfg.max_steps})")
+    for key in ("snapshot_steps", "keep_checkpoints"):
+        if any(not 1 <= s <= cfg.max_steps for s in getattr(cfg, key)):
+            bad(key, f"must be steps between 1 and max_steps ({cfg.max_steps})")
+    if cfg.start_from_checkpoint and cfg.init_from:
+        bad("start_from_checkpoint", "and init_from are both set: a run starts from one of them")
     if cfg.push_to_hub and not cfg.hub_model_id:
         bad("hub_model_id", "is required with push_to_hub")
     if isinstance(cfg.dataloader_num_workers, str) and cfg.dataloader_num_workers != "auto" \
