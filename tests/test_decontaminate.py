@@ -95,3 +95,21 @@ def test_one_sentence_documents_stay_apart_when_read_as_lines(tmp_path):
     kept = (tmp_path / "lines" / "sst2-train.txt").read_text()
     assert kept.count("\n\n") == 39 and kept.startswith("a short review number 0 here\n\na short review number 1")
     assert json.loads((tmp_path / "lines" / "decontamination.json").read_text())["documents"] == 40
+
+
+def test_a_match_deep_in_a_long_document_is_named_by_the_line_where_it_starts(tmp_path):
+    """A book is one document of wrapped lines: a sentence's line is found by searching forward in the
+    document's text, so a sentence whose first words run over a line break is named by the line where it starts
+    (a scan of the lines, once per sentence, named the line before, and was quadratic in a book)."""
+    import textwrap
+
+    before = textwrap.fill(" ".join(f"Sentence {i} walks along the quiet road toward the village." for i in
+                                    range(3000)), width=70).splitlines()
+    lines = [*before, "Sentence 3000 walks along the quiet road toward the village of Saint",
+             "Martin before dusk. The quick brown",  # the planted sentence starts here and runs on
+             "fox jumps over the lazy dog near the old mill by the river bank today.", "It ends there."]
+    corpus = write(tmp_path / "book.txt", "\n".join(lines) + "\n")
+    against = write(tmp_path / "eval.txt", "the lazy dog near the old mill by the river bank\n")
+    report = decontaminate([str(corpus)], [str(against)], str(tmp_path / "clean"), ngram=8)
+    assert report.sentences_removed == 1 and report.documents == 1
+    assert report.matches[0]["input"] == f"{corpus}:{len(before) + 2}"
