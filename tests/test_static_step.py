@@ -213,6 +213,33 @@ def test_the_graph_body_trains_as_the_eager_step_with_accumulation():
         PretrainingStep(accelerator, model, optimizer, 1.0, static=False, graph=True)
 
 
+def test_before_a_capture_the_parameters_a_loaded_optimizer_lacks_get_their_state_and_the_rest_keep_theirs():
+    """A run started from another run's checkpoint (a biphasic run from a left-to-right one) has an optimizer
+    state without the NSP head: the capture's preparation makes the head's state (on a GPU, a state made inside
+    the capture fails it) and leaves every loaded state as it was."""
+    from accelerate import Accelerator
+
+    from bert_suite.pretraining.step import _Captured
+
+    collator, batches = masked_batches(2)
+    static = [collator.static(b, 24, 4) for b in batches]
+    fresh_state()
+    accelerator = Accelerator(cpu=True)
+    model = accelerator.prepare(tiny_model())
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
+    PretrainingStep(accelerator, model, optimizer, 1.0, static=True)(static[:1], torch.tensor(10.0))  # eager
+    head = [p for n, p in model.named_parameters() if n.startswith("cls.seq_relationship")]
+    for p in head:  # as loaded from a checkpoint of a model without it
+        optimizer.state.pop(p)
+    loaded = {p: copy.deepcopy(s) for p, s in optimizer.state.items()}
+    stepper = PretrainingStep(accelerator, model, optimizer, 1.0, static=True, graph=True)
+    _Captured(stepper, static[1:], torch.tensor(10.0))  # on the CPU: the preparation alone
+    assert all(float(optimizer.state[p]["step"]) == 0 and not optimizer.state[p]["exp_avg"].any() for p in head)
+    for p, before in loaded.items():
+        assert float(optimizer.state[p]["step"]) == float(before["step"]) == 1
+        assert torch.equal(optimizer.state[p]["exp_avg"], before["exp_avg"])
+
+
 def test_the_step_form_resolves_auto_per_device_and_refuses_what_cannot_run():
     from bert_suite.pretraining.step import step_form
 

@@ -245,21 +245,31 @@ class _Captured:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
         owner._graph_buffers(device)
-        if not optimizer.state:
+        # every parameter without optimizer state gets it here (a state made inside the capture would fail it):
+        # all of them in a new run; those another run's checkpoint lacked in one started from it (the NSP head
+        # of a biphasic run started from a left-to-right run's checkpoint, `start_from_checkpoint`)
+        fresh = [p for p in owner.params if p not in optimizer.state]
+        if fresh:
+            held = {p: p.grad for p in owner.params if p in optimizer.state}
+            for p in held:  # the optimizer skips a parameter without a gradient: its state stays as loaded
+                p.grad = None
             saved = [group["lr"] for group in optimizer.param_groups]
             for group in optimizer.param_groups:
                 group["lr"] = group["lr"] * 0
-            for p in owner.params:
+            for p in fresh:
                 p.grad.zero_()
             optimizer.step()
             for group, lr in zip(optimizer.param_groups, saved, strict=True):
                 group["lr"] = lr
-            for state in optimizer.state.values():
+            for p in fresh:
+                state = optimizer.state[p]
                 step = state.get("step")
                 if torch.is_tensor(step):
                     step.zero_()
                 elif step is not None:
                     state["step"] = 0
+            for p, grad in held.items():
+                p.grad = grad
         for key, value in self._body(warm_up=True).items():
             owner.totals.setdefault(key, torch.zeros_like(value))
 
