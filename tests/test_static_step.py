@@ -213,6 +213,33 @@ def test_the_graph_body_trains_as_the_eager_step_with_accumulation():
         PretrainingStep(accelerator, model, optimizer, 1.0, static=False, graph=True)
 
 
+def test_the_graph_step_leaves_the_parameters_its_loss_does_not_reach_as_the_eager_step_does():
+    """With NSP off at call time (a biphasic run's left-to-right steps) the loss reaches neither the NSP head nor
+    the pooler: an eager step leaves them without a gradient, so weight decay does not touch them; the graph
+    step (which must keep a gradient buffer for them) leaves them out of its optimizer step, so both give the
+    same weights."""
+    from accelerate import Accelerator
+
+    collator, batches = masked_batches(3)
+    static = [{k: v for k, v in collator.static(b, 24, 4).items() if k != "next_sentence_label"} for b in batches]
+    weights = []
+    for graph in (False, True):
+        fresh_state()
+        accelerator = Accelerator(cpu=True)
+        model = accelerator.prepare(tiny_model())
+        model.config.use_nsp = False
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1, fused=True)
+        step = PretrainingStep(accelerator, model, optimizer, 1.0, static=True, graph=graph)
+        for batch in static:
+            step([batch], torch.tensor(10.0))
+        weights.append(copy.deepcopy(model.state_dict()))
+    untouched = tiny_model().state_dict()
+    for name in ("cls.seq_relationship.weight", "bert.pooler.dense.weight"):
+        assert torch.equal(weights[1][name], untouched[name]), name  # no decay without a gradient
+    for name, value in weights[0].items():
+        torch.testing.assert_close(weights[1][name], value, atol=1e-6, rtol=1e-5, msg=name)
+
+
 def test_before_a_capture_the_parameters_a_loaded_optimizer_lacks_get_their_state_and_the_rest_keep_theirs():
     """A run started from another run's checkpoint (a biphasic run from a left-to-right one) has an optimizer
     state without the NSP head: the capture's preparation makes the head's state (on a GPU, a state made inside

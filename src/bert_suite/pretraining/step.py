@@ -241,6 +241,15 @@ class _Captured:
         on CUDA the learning rate as a device tensor (the scheduler fills it in place); the norm's and the
         statistics' buffers. Then one forward and backward, which compiles what is compiled."""
         owner, optimizer = self.owner, self.optimizer
+        # The parameters this batch structure's loss does not reach (a left-to-right step's NSP head, the pooler
+        # of a model without NSP): an eager step leaves them without a gradient, so the optimizer leaves them as
+        # they are (no weight decay, no state); the graph keeps a zero gradient buffer for them and leaves them
+        # out of its optimizer step alike
+        probe = owner.model(**self.inputs[0], return_dict=True, num_items_in_batch=self.num_items,
+                            **owner.forward_kwargs())
+        reached = torch.autograd.grad(probe.loss, owner.params, allow_unused=True)
+        del probe
+        self.idle = [p for p, g in zip(owner.params, reached, strict=True) if g is None]
         for p in owner.params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
@@ -248,9 +257,10 @@ class _Captured:
         # every parameter without optimizer state gets it here (a state made inside the capture would fail it):
         # all of them in a new run; those another run's checkpoint lacked in one started from it (the NSP head
         # of a biphasic run started from a left-to-right run's checkpoint, `start_from_checkpoint`)
-        fresh = [p for p in owner.params if p not in optimizer.state]
+        idle = set(self.idle)
+        fresh = [p for p in owner.params if p not in optimizer.state and p not in idle]
         if fresh:
-            held = {p: p.grad for p in owner.params if p in optimizer.state}
+            held = {p: p.grad for p in owner.params if p in optimizer.state or p in idle}
             for p in held:  # the optimizer skips a parameter without a gradient: its state stays as loaded
                 p.grad = None
             saved = [group["lr"] for group in optimizer.param_groups]
@@ -299,7 +309,12 @@ class _Captured:
         if warm_up:
             return stats_sum
         owner.grad_norm.copy_(torch.nn.utils.clip_grad_norm_(owner.params, owner.max_grad_norm, foreach=True))
+        idle = [(p, p.grad) for p in self.idle]
+        for p, _ in idle:  # left out of the step, as an eager step leaves a parameter without a gradient
+            p.grad = None
         self.optimizer.step()
+        for p, grad in idle:
+            p.grad = grad
         for key, value in stats_sum.items():
             owner.totals[key].add_(value)
         return stats_sum
