@@ -391,8 +391,8 @@ def reused_start(name: str, donor: str, step: int, runs: dict[str, Path], overri
     missing = [s for s in wanted if not (runs[donor] / "snapshots" / f"step-{s}" / "config.json").is_file()]
     if not (checkpoint / "progress.json").is_file() or missing:
         why = f"no complete checkpoint at step {step:,}" if not missing else f"no snapshot at step {missing[0]:,}"
-        progress.stage("pretraining", f"{name}: its first {step:,} steps are {donor}'s, but {donor} has {why} yet: "
-                       "trained here")
+        progress.stage("pretraining", f"{name}: its first {step:,} steps are {donor}'s, but {donor} has {why} (not "
+                       f"there yet, or {donor} passed that step before the study had {name}): trained here")
         return None
     for s in wanted:
         target = runs[name] / "snapshots" / f"step-{s}"
@@ -485,7 +485,7 @@ def pretrain(study: Study, out: Path, data: dict[str, Data], steps: int, only: l
                                f"{steps:,} steps each); " + progress.left(pace[-1] * remaining if pace else None))
                 found = complete_checkpoints(run / "checkpoints")
                 first = int(found[-1].name.split("-")[1]) if found else 0  # where the recipe resumes
-                if name in starts and not found and not (run / "started_from.json").is_file():
+                if name in starts and not found:  # (again, if it was stopped before its own first checkpoint)
                     start = reused_start(name, *starts[name], runs, overrides, progress)
                     if start is not None:
                         overrides["start_from_checkpoint"], first = start, starts[name][1]
