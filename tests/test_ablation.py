@@ -541,6 +541,37 @@ def test_a_biphasic_variant_starts_from_the_left_to_right_variants_checkpoint_at
     assert [o["objective"] for o in facts["bi"]["objectives"]] == ["causal", "mlm_nsp"]
 
 
+@pytest.mark.slow  # two pre-trainings and the GPU route's three commands (about a minute): make test-all
+def test_a_study_pretrained_on_another_machine_comes_back_checked_and_is_found_pretrained(data, tmp_path):
+    """benchmarks/gpu_study_pretraining.sh's files at toy size on the CPU: `collect` packs the run's records and
+    its model in bf16, `install` puts it into another folder of the same study (weights back in fp32), where
+    the study finds it pre-trained and launches nothing; a folder whose vocabulary differs refuses it."""
+    transfer = [sys.executable, str(REPO / "benchmarks" / "study_transfer.py")]
+    study = small_study(tmp_path, data, curve=None, pretraining={"checkpoints": None})
+    work, back, here = tmp_path / "work", tmp_path / "back", tmp_path / "here"
+    work.mkdir()
+    assert subprocess.run([*transfer, "folders", str(study), str(work / "folders.json"), "pre"],
+                          capture_output=True, text=True, check=True).stdout.split() == ["pre"]
+    assert run(study, "--output_dir", work / "pre", "--until", "pretraining", "--variant", "pre") == 0
+    subprocess.run([*transfer, "collect", str(study), str(work), str(back), "--variants", "pre"], check=True,
+                   capture_output=True)
+    assert sorted(p.name for p in back.iterdir()) == ["models-1.tar.gz", "records.tar.gz"]
+    installed = subprocess.run([*transfer, "install", str(study), str(here), str(back)], capture_output=True,
+                               text=True)
+    assert installed.returncode == 0, installed.stderr
+    theirs = load_file(str(work / "pre" / "pretraining" / "pre" / "final" / "model.safetensors"))
+    mine = load_file(str(here / "pretraining" / "pre" / "final" / "model.safetensors"))
+    assert all(mine[k].dtype == torch.float32 and torch.equal(mine[k], theirs[k].bfloat16().float()) for k in theirs)
+    assert run(study, "--output_dir", here, "--until", "pretraining") == 0
+    assert len(json.loads((here / "pretraining" / "pre" / "timing.json").read_text())) == 1  # no launch here
+    (tmp_path / "other").mkdir()
+    other = small_study(tmp_path / "other", data, curve=None, pretraining={"checkpoints": None},
+                        vocabulary={"vocab_size": 50})
+    refused = subprocess.run([*transfer, "install", str(other), str(tmp_path / "there"), str(back)],
+                             capture_output=True, text=True)
+    assert refused.returncode != 0 and "was trained with another vocabulary" in refused.stderr
+
+
 def data_study(tmp_path, data, **changes):
     return small_study(tmp_path, data, variants={
         "general": {"corpus": {"task_texts": []}}, "per_file": {"corpus": {"task_documents": "file"}},
