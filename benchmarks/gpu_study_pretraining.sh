@@ -2,7 +2,8 @@
 # An ablation study's pre-trainings on a GPU machine, all variants at once, their models back for the CPU's grids
 # (GPU.md item 5). Each variant runs as `bert-suite ablation STUDY --output_dir WORK/FOLDER --until pretraining
 # --variant NAME`, all at once (a tiny model's step leaves the GPU mostly idle), in one folder per data setting
-# (variants with other data build theirs side by side). benchmarks/study_transfer.py collect then writes
+# (variants with other data build theirs side by side); a biphasic variant waits for its left-to-right twin's
+# checkpoint at the switch and starts there. benchmarks/study_transfer.py collect then writes
 # $OUT/records.tar.gz (summary.json, the records, this script's log) and $OUT/models-K.tar.gz (the models in
 # bf16); here, `study_transfer.py install` puts them into the study's folder.
 #
@@ -77,22 +78,36 @@ VARIANTS=$("$BIN/python3" "$TREE/benchmarks/study_transfer.py" folders "$STUDY" 
 say "study $STUDY; variants: $VARIANTS; budget ${BUDGET}s"
 command -v nvidia-smi > /dev/null && nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee -a "$LOG"
 
-declare -A PIDS
-for NAME in $VARIANTS; do
-    FOLDER=$("$BIN/python3" -c "import json, sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])" "$WORK/folders.json" "$NAME")
-    ( "$BIN/bert-suite" ablation "$STUDY" --output_dir "$WORK/$FOLDER" --until pretraining --variant "$NAME" \
-        > "$WORK/$NAME.log" 2>&1; echo $? > "$WORK/$NAME.exit" ) &
-    PIDS[$NAME]=$!
+declare -A PIDS WAIT
+launch() {  # launch NAME: its `--variant` run, in the folder of its data
+    local FOLDER
+    FOLDER=$("$BIN/python3" -c "import json, sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])" "$WORK/folders.json" "$1")
+    ( "$BIN/bert-suite" ablation "$STUDY" --output_dir "$WORK/$FOLDER" --until pretraining --variant "$1" \
+        > "$WORK/$1.log" 2>&1; echo $? > "$WORK/$1.exit" ) &
+    PIDS[$1]=$!
+}
+for NAME in $VARIANTS; do  # a variant that starts from another's checkpoint waits for it (waits.json)
+    WAIT[$NAME]=$("$BIN/python3" -c "import json, sys; print(json.load(open(sys.argv[1])).get(sys.argv[2], ''))" \
+        "$WORK/waits.json" "$NAME")
+    if [ -z "${WAIT[$NAME]}" ]; then launch "$NAME"; else say "$NAME waits for $WORK/${WAIT[$NAME]}"; fi
 done
 DEADLINE=$((T0 + BUDGET))
 while (($(date +%s) < DEADLINE)); do
     running=0
-    for NAME in $VARIANTS; do kill -0 "${PIDS[$NAME]}" 2> /dev/null && running=$((running + 1)); done
+    for NAME in $VARIANTS; do
+        if [ -z "${PIDS[$NAME]:-}" ]; then  # waiting: launched once the checkpoint is there, or nothing runs
+            if [ -f "$WORK/${WAIT[$NAME]}" ] || ! jobs -r > /dev/null || [ -z "$(jobs -r)" ]; then
+                say "$NAME: launched"
+                launch "$NAME"
+            fi
+        fi
+        [ -n "${PIDS[$NAME]:-}" ] && kill -0 "${PIDS[$NAME]}" 2> /dev/null && running=$((running + 1))
+    done
     ((running == 0)) && break
     sleep 5
 done
 for NAME in $VARIANTS; do
-    if kill -0 "${PIDS[$NAME]}" 2> /dev/null; then
+    if [ -n "${PIDS[$NAME]:-}" ] && kill -0 "${PIDS[$NAME]}" 2> /dev/null; then
         say "$NAME: still running at the budget's end: stopped"
         pkill -TERM -f -- "--variant $NAME\$" 2> /dev/null
     fi

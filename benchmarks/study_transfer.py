@@ -96,6 +96,15 @@ def folders(study_path: str, target: Path, names: list[str]) -> None:
     chosen = {n: first.setdefault(json.dumps([asdict(x) for x in study.data_of(n)], default=str, sort_keys=True), n)
               for n in names}
     target.write_text(json.dumps(chosen))
+    # a biphasic variant whose first steps are a left-to-right one's waits for that one's checkpoint at the switch
+    # (then the study starts it there: stages.reused_starts): WORK/waits.json, {variant: the file to wait for}
+    from bert_suite.ablation.stages import reused_starts
+
+    steps = study.pretraining.steps
+    waits = {name: f"{chosen[donor]}/pretraining/{donor}/checkpoints/step-{step}/progress.json"
+             for name, (donor, step) in (reused_starts(study, steps).items() if steps else ())
+             if name in chosen and donor in chosen}
+    target.with_name("waits.json").write_text(json.dumps(waits))
     print(" ".join(names))
 
 

@@ -425,28 +425,29 @@ OBJECTIVE_KEYS = ("output_dir", "snapshot_steps", "causal_attention", "use_nsp",
                   *UNRECORDED)
 
 
-def reused_starts(study: Study, data: dict[str, Data], runs: dict[str, Path], steps: int) -> dict[str, tuple[str, int]]:
+def reused_starts(study: Study, steps: int) -> dict[str, tuple[str, int]]:
     """{variant: (donor, step)} for each pre-trained variant whose first `step` steps are the same computation as
-    a left-to-right variant's (an objective schedule, causal first, switching at `step`; every other recipe key
-    and its data the donor's): it starts from the donor's checkpoint at that step (issue 51: Table 5's biphasic
-    row starts from ltr's step 10,000). The donor keeps that checkpoint (`keep_checkpoints`)."""
-    from .launch import config_value, recipe_overrides
+    a left-to-right variant's: an objective schedule, causal first, switching at `step`, with the donor's data
+    and every other recipe key the donor's. It starts from the donor's checkpoint at that step (issue 51: Table
+    5's biphasic row from ltr's step 10,000), which the donor keeps (`keep_checkpoints`)."""
+    from ..pretraining.config import load_pretrain_config
 
-    overrides = {name: recipe_overrides(study, name, data[name], runs[name], steps) for name in study.pretrained
-                 if name in data}  # (a --variant run has the data of its variants and of those sharing it)
+    def config(name):  # the recipe's reading of the variant's keys (defaults, the switch step)
+        keys = {"warmup_steps": 0, "phase1_fraction": 1, **study.recipe_of(name), "train_data": "-", "tokenizer": "-",
+                "max_steps": steps}
+        return load_pretrain_config(None, [f"{k}={v}" for k, v in keys.items()])
 
     def rest(name):
-        return {k: v for k, v in overrides[name].items() if k not in OBJECTIVE_KEYS}
+        return ({k: v for k, v in study.recipe_of(name).items() if k not in OBJECTIVE_KEYS}, study.data_of(name))
 
+    configs = {name: config(name) for name in study.pretrained}
     found = {}
-    for name in overrides:
-        switch = config_value(overrides[name], "causal_until")
-        if not switch or config_value(overrides[name], "init_from"):
+    for name, cfg in configs.items():
+        if not cfg.causal_until or cfg.init_from:
             continue
-        for donor in overrides:
-            if donor != name and config_value(overrides[donor], "causal_attention") \
-                    and not config_value(overrides[donor], "causal_until") and rest(donor) == rest(name):
-                found[name] = (donor, switch)
+        for donor, other in configs.items():
+            if donor != name and other.causal_attention and not other.causal_until and rest(donor) == rest(name):
+                found[name] = (donor, cfg.causal_until)
                 break
     return found
 
@@ -461,7 +462,7 @@ def pretrain(study: Study, out: Path, data: dict[str, Data], steps: int, only: l
 
     runs = {name: out / "pretraining" / name for name in study.pretrained}
     todo = list(only or study.pretrained)
-    starts = reused_starts(study, data, runs, steps)
+    starts = {name: start for name, start in reused_starts(study, steps).items() if name in data and start[0] in data}
     kept: dict[str, list[int]] = {}
     for donor, step in starts.values():
         kept.setdefault(donor, []).append(step)
