@@ -206,6 +206,21 @@ def collect(study_path: str, work: Path, out: Path, names: list[str]) -> None:
 # ------------------------------------------------------------------------------------------- here: install
 
 
+PATH_KEYS = ("train_data", "train_data_phase2", "tokenizer", "output_dir")
+
+
+def localized(results: dict, overrides: dict, device: str) -> dict:
+    """pretrain_results.json of a run made on another machine, its paths (the data, the tokenizer, the run)
+    those of this folder, which the study reads; the other machine's kept under pretrained_on."""
+    config = results["config"]
+    theirs = {k: config.get(k) for k in PATH_KEYS if config.get(k) is not None}
+    config.update({k: str(overrides[k]) for k in PATH_KEYS if k in overrides})
+    results["pretrained_on"] = {"device": device, "weights": "bf16 copy of the final fp32 weights, back in fp32",
+                                "paths_there": theirs, **{k: v for k, v in results.get("pretrained_on", {}).items()
+                                                          if k == "paths_there"}}
+    return results
+
+
 def install(study_path: str, output_dir: Path, source: Path, names: list[str] | None, device: str | None) -> None:
     from safetensors.torch import load_file, save_file
 
@@ -269,9 +284,8 @@ def install(study_path: str, output_dir: Path, source: Path, names: list[str] | 
             for entry in timing:
                 entry["device"] = device or summary["device"]
             (staging / "timing.json").write_text(json.dumps(timing, indent=2))
-            results = json.loads((staging / "pretrain_results.json").read_text())
-            results["pretrained_on"] = {"device": device or summary["device"], "weights": "bf16 copy of the final "
-                                        "fp32 weights, back in fp32", "config_paths": "those of the device machine"}
+            results = localized(json.loads((staging / "pretrain_results.json").read_text()), overrides,
+                                device or summary["device"])
             (staging / "pretrain_results.json").write_text(json.dumps(results, indent=2))
             log = unpacked / name / "logs" / f"pretraining-{name}.log"
             if log.is_file():

@@ -4,6 +4,7 @@ written."""
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -556,14 +557,19 @@ def test_a_study_pretrained_on_another_machine_comes_back_checked_and_is_found_p
     subprocess.run([*transfer, "collect", str(study), str(work), str(back), "--variants", "pre"], check=True,
                    capture_output=True)
     assert sorted(p.name for p in back.iterdir()) == ["models-1.tar.gz", "records.tar.gz"]
+    theirs = load_file(str(work / "pre" / "pretraining" / "pre" / "final" / "model.safetensors"))
+    shutil.rmtree(work)  # the other machine's paths are gone here
     installed = subprocess.run([*transfer, "install", str(study), str(here), str(back)], capture_output=True,
                                text=True)
     assert installed.returncode == 0, installed.stderr
-    theirs = load_file(str(work / "pre" / "pretraining" / "pre" / "final" / "model.safetensors"))
     mine = load_file(str(here / "pretraining" / "pre" / "final" / "model.safetensors"))
     assert all(mine[k].dtype == torch.float32 and torch.equal(mine[k], theirs[k].bfloat16().float()) for k in theirs)
     assert run(study, "--output_dir", here, "--until", "pretraining") == 0
     assert len(json.loads((here / "pretraining" / "pre" / "timing.json").read_text())) == 1  # no launch here
+    from bert_suite.ablation import pretraining_record
+
+    facts = pretraining_record(load_study(study), {"pre": here / "pretraining" / "pre"}, None, 6)
+    assert facts["pre"]["pretrained_on"] == "cpu"  # the machine collect ran on
     (tmp_path / "other").mkdir()
     other = small_study(tmp_path / "other", data, curve=None, pretraining={"checkpoints": None},
                         vocabulary={"vocab_size": 50})

@@ -40,6 +40,8 @@ def pretraining_record(study: Study, runs: dict[str, Path], data: dict | None, s
                         "accuracy_kind": "next_token" if config["causal_attention"] else "mlm",
                         "not_next_share": round(sum(s * st["not_next_share"] for s, _, st in phases) / steps, 4),
                         "precision": results.get("precision")}
+        if "pretrained_on" in results:  # pre-trained on another machine (benchmarks/study_transfer.py install)
+            record[name]["pretrained_on"] = results["pretrained_on"]["device"]
         if len(results.get("objectives") or []) > 1:  # an objective schedule: which objective when
             record[name]["objectives"] = results["objectives"]
         if "started_from" in results:  # its first steps are another variant's (stages.reused_start)
@@ -119,6 +121,11 @@ def markdown(record: dict, study: Study, decontamination: dict | None) -> str:
             for name, f in record["pretraining"].items()]
     lines += ["## Pre-training", "", *md_table(["variant", "steps", "minutes", "tokens", "held-out accuracy", "kind",
                                                 "NotNext share", "precision"], rows), ""]
+    elsewhere = {name: f["pretrained_on"] for name, f in record["pretraining"].items() if "pretrained_on" in f}
+    if elsewhere:
+        lines += ["Pre-trained on another machine and brought back in bf16 (weights back in fp32): " + ", ".join(
+            f"{name} on {device}" for name, device in elsewhere.items()) + "; the others here. The precision column "
+            "says each run's arithmetic.", ""]
     for name, f in record["pretraining"].items():
         if "started_from" in f:
             start = f["started_from"]
