@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The pre-training of a small ablation study on a GPU, with `bert-suite ablation` (GPU.md item 5), and what the
+# The pre-training of a small ablation study on a GPU, with `bert-suite ablation`, and what the
 # ablation package promises there:
 #   (a) the recipe is launched with recipes/configs/accelerate/gpu.yaml and runs on CUDA;
 #   (b) SIGTERM to the `bert-suite ablation` process during pre-training stops the recipe's whole process group

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # An ablation study's pre-trainings on a GPU machine, all variants at once, their models back for the CPU's grids
-# (GPU.md item 5). Each variant runs as `bert-suite ablation STUDY --output_dir WORK/FOLDER --until pretraining
-# --variant NAME`, all at once (a tiny model's step leaves the GPU mostly idle), in one folder per data setting
+# (docs/ablation.md, "Machines and workers"). Each variant runs as `bert-suite ablation STUDY --output_dir
+# WORK/FOLDER --until pretraining --variant NAME`, all at once (a tiny model's step leaves the GPU mostly idle), in one folder per data setting
 # (variants with other data build theirs side by side); a biphasic variant waits for its left-to-right twin's
 # checkpoint at the switch and starts there. benchmarks/study_transfer.py collect then writes
 # $OUT/records.tar.gz (summary.json, the records, this script's log) and $OUT/models-K.tar.gz (the models in

@@ -1,4 +1,4 @@
-"""An ablation study's pre-training on a GPU machine, fine-tuned here (GPU.md item 5): the files in between.
+"""An ablation study's pre-training on a GPU machine, fine-tuned here: the files in between.
 
 The device machine is lent for minutes, brings nothing from here but the working tree and a few carried folders,
 and sends back at most 8 files of 16 MiB. So the study's data go there as one archive of the raw files it reads,
