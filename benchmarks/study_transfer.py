@@ -109,14 +109,15 @@ def folders(study_path: str, target: Path, names: list[str]) -> None:
 
 
 
-def bf16_folder(folder: Path, target: Path) -> None:
-    import torch
+def cast_folder(folder: Path, target: Path, dtype) -> None:
+    """`folder`'s files in `target`, the floating-point tensors of its safetensors files cast to `dtype` (bf16
+    to send a model back, fp32 to read it here)."""
     from safetensors.torch import load_file, save_file
 
     target.mkdir(parents=True, exist_ok=True)
     for f in folder.iterdir():
         if f.suffix == ".safetensors":
-            tensors = {k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in load_file(f).items()}
+            tensors = {k: v.to(dtype) if v.is_floating_point() else v for k, v in load_file(f).items()}
             save_file(tensors, target / f.name, metadata={"format": "pt"})
         elif f.is_file():
             shutil.copyfile(f, target / f.name)
@@ -179,7 +180,7 @@ def collect(study_path: str, work: Path, out: Path, names: list[str]) -> None:
             models.append((f"{name}/snapshots/{snap.name}", snap))
     archives, size, tar = [], 0, None
     for arcname, folder in models:
-        bf16_folder(folder, half / arcname)
+        cast_folder(folder, half / arcname, torch.bfloat16)
         weight = 0.8 * sum(f.stat().st_size for f in (half / arcname).iterdir())  # gzip: bf16 weights to ~0.75
         if tar is None or size + weight > LIMIT:
             if tar is not None:
@@ -222,7 +223,7 @@ def localized(results: dict, overrides: dict, device: str) -> dict:
 
 
 def install(study_path: str, output_dir: Path, source: Path, names: list[str] | None, device: str | None) -> None:
-    from safetensors.torch import load_file, save_file
+    import torch
 
     from bert_suite.ablation.launch import recipe_overrides
     from bert_suite.ablation.locks import data_lock, variant_lock
@@ -269,14 +270,8 @@ def install(study_path: str, output_dir: Path, source: Path, names: list[str] | 
             staging = run.with_name(f".{name}.installing")
             shutil.rmtree(staging, ignore_errors=True)
             for folder in [unpacked / name / "final", *sorted((unpacked / name / "snapshots").glob("step-*"))]:
-                target = staging / folder.relative_to(unpacked / name)
-                target.mkdir(parents=True)
-                for f in folder.iterdir():
-                    if f.suffix == ".safetensors":  # back in fp32, the dtype the study's models are read in
-                        tensors = {k: v.float() if v.is_floating_point() else v for k, v in load_file(f).items()}
-                        save_file(tensors, target / f.name, metadata={"format": "pt"})
-                    else:
-                        shutil.copyfile(f, target / f.name)
+                # back in fp32, the dtype the study's models are read in
+                cast_folder(folder, staging / folder.relative_to(unpacked / name), torch.float32)
             for f in RECORD_FILES:
                 if (unpacked / name / f).is_file():
                     shutil.copyfile(unpacked / name / f, staging / f)
