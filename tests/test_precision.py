@@ -245,6 +245,20 @@ def test_predictions_under_the_trainers_bf16_reach_post_processing_unrounded(nam
 # ---------------------------------------------------------------------------------------- runs in bf16
 
 
+def bf16_and_fp32_losses(recipe, pretrain_setup, tmp_path, steps):
+    """The MLM losses of `steps` steps of the recipe in bf16 and in fp32 from the same seed (folders bf16/, fp32/),
+    the bf16 run's record checked to say bf16 autocast."""
+
+    def run(out, *extra):
+        fresh_state()
+        return recipe.main(recipe_args(pretrain_setup, tmp_path / out, f"max_steps={steps}", "phase1_fraction=1",
+                                       "train_data_phase2=null", "save_steps=1000", "eval_fraction=0", *extra))
+    bf16, fp32 = run("bf16", "mixed_precision=bf16"), run("fp32", "mixed_precision=no")
+    results = json.loads((tmp_path / "bf16" / "pretrain_results.json").read_text())
+    assert results["precision"] == "bf16 autocast" and results["precision_reason"].startswith("mixed_precision=bf16")
+    return ([h["mlm_loss"] for h in run] for run in (bf16, fp32))
+
+
 def test_recipe_in_bf16_starts_as_fp32_keeps_fp32_weights_and_resumes_exactly(pretrain_setup, tmp_path, monkeypatch,
                                                                               report):
     """The checks of the test below that need no long run, for make test: 10 steps of the recipe in bf16 and in fp32
@@ -253,15 +267,7 @@ def test_recipe_in_bf16_starts_as_fp32_keeps_fp32_weights_and_resumes_exactly(pr
     comparison (it learns; the later losses within a bound from the spread over seeds) is in make test-all."""
 
     recipe = load_recipe()
-
-    def run(out, *extra):
-        fresh_state()
-        return recipe.main(recipe_args(pretrain_setup, tmp_path / out, "max_steps=10", "phase1_fraction=1",
-                                       "train_data_phase2=null", "save_steps=1000", "eval_fraction=0", *extra))
-    bf16, fp32 = run("bf16", "mixed_precision=bf16"), run("fp32", "mixed_precision=no")
-    results = json.loads((tmp_path / "bf16" / "pretrain_results.json").read_text())
-    assert results["precision"] == "bf16 autocast" and results["precision_reason"].startswith("mixed_precision=bf16")
-    bf16_loss, fp32_loss = ([h["mlm_loss"] for h in run] for run in (bf16, fp32))
+    bf16_loss, fp32_loss = bf16_and_fp32_losses(recipe, pretrain_setup, tmp_path, 10)
     assert len(bf16_loss) == len(fp32_loss) == 10 and bf16_loss != fp32_loss  # two precisions, two computations
     early = max(abs(a - b) for a, b in zip(bf16_loss, fp32_loss, strict=True))
     report("recipe MLM loss bf16 vs fp32: max |diff| steps 1-10 (10-step runs)", f"{early:.4f}")
@@ -307,15 +313,7 @@ def test_recipe_in_bf16_follows_the_fp32_loss_and_resumes_exactly(pretrain_setup
     A killed bf16 run then resumes to the uninterrupted run's losses."""
 
     recipe = load_recipe()
-
-    def run(out, *extra):
-        fresh_state()
-        return recipe.main(recipe_args(pretrain_setup, tmp_path / out, "max_steps=200", "phase1_fraction=1",
-                                       "train_data_phase2=null", "save_steps=1000", "eval_fraction=0", *extra))
-    bf16, fp32 = run("bf16", "mixed_precision=bf16"), run("fp32", "mixed_precision=no")
-    results = json.loads((tmp_path / "bf16" / "pretrain_results.json").read_text())
-    assert results["precision"] == "bf16 autocast" and results["precision_reason"].startswith("mixed_precision=bf16")
-    bf16_loss, fp32_loss = ([h["mlm_loss"] for h in run] for run in (bf16, fp32))
+    bf16_loss, fp32_loss = bf16_and_fp32_losses(recipe, pretrain_setup, tmp_path, 200)
     assert len(bf16_loss) == len(fp32_loss) == 200 and all(torch.isfinite(torch.tensor(bf16_loss)))
 
     early = max(abs(a - b) for a, b in zip(bf16_loss[:10], fp32_loss[:10], strict=True))
