@@ -202,15 +202,10 @@ with tarfile.open(out / "artifacts.tar.gz", "w:gz") as tar:
 final = run / "final"
 if (final / "config.json").is_file():
     import torch
-    from safetensors.torch import load_file, save_file
+    sys.path.insert(0, "benchmarks")  # the repository's root is this script's folder
+    from study_transfer import cast_folder
     half = runs.parent / "final-bf16"
-    half.mkdir(exist_ok=True)
-    for f in final.iterdir():
-        if f.suffix == ".safetensors":
-            tensors = {k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in load_file(f).items()}
-            save_file(tensors, half / f.name, metadata={"format": "pt"})
-        elif f.is_file():
-            (half / f.name).write_bytes(f.read_bytes())
+    cast_folder(final, half, torch.bfloat16)
     size = sum(f.stat().st_size for f in half.iterdir())
     if size < 15 << 20:
         with tarfile.open(out / "final-bf16.tar", "w") as tar:
