@@ -8,7 +8,10 @@ test_objective_schedule.py); on a GPU kernels are not bitwise deterministic, so 
 
 Seen on an H200 (2026-11-27), three runs in one process at dropout 0.1: `RuntimeError: Offset increment outside
 graph capture encountered unexpectedly` in an Inductor kernel's dropout seed, which of the runs unknown; this
-script separates them (and their dropout) to find out.
+script separates them (and their dropout) to find out. First, in a process of its own, it checks the cure for
+what a failed capture leaves behind (`step.end_failed_capture`): a capture made to fail, a dropout outside any
+graph after it (expected to fail), the cure, a dropout again (expected to work): $OUT/reuse.json's
+"failed_capture".
 """
 
 from __future__ import annotations
@@ -23,6 +26,29 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
+
+
+FAILED_CAPTURE = """
+import json, torch
+from bert_suite.pretraining.step import end_failed_capture
+device, x, seen = torch.device("cuda"), torch.ones(4096, device="cuda"), {}
+def eager_dropout():
+    try:
+        torch.nn.functional.dropout(x, 0.1).sum().item()
+        return "ok"
+    except RuntimeError as err:
+        return str(err).splitlines()[0]
+try:
+    with torch.cuda.graph(torch.cuda.CUDAGraph()):
+        torch.nn.functional.dropout(x, 0.1).sum().item()  # a host sync: the capture cannot hold it
+    seen["capture"] = "succeeded (not the failure meant)"
+except RuntimeError as err:
+    seen["capture"] = "failed: " + str(err).splitlines()[0]
+seen["dropout_after_failure"] = eager_dropout()
+end_failed_capture(device)
+seen["dropout_after_cure"] = eager_dropout()
+print(json.dumps(seen))
+"""
 
 
 def main() -> None:
@@ -47,6 +73,10 @@ def main() -> None:
             "ltr": ["use_nsp=false", "causal_attention=true", f"keep_checkpoints={args.switch}"],
             "bi": [f"causal_steps={args.switch}", f"start_from_checkpoint={start}"]}
     record: dict = {"steps": args.steps, "switch": args.switch, "dropout": args.dropout}
+    probe = subprocess.run([sys.executable, "-c", FAILED_CAPTURE], capture_output=True, text=True)
+    record["failed_capture"] = json.loads(probe.stdout.strip().splitlines()[-1]) if probe.returncode == 0 \
+        else {"exit_code": probe.returncode, "error": probe.stderr.strip().splitlines()[-1:]}
+    print("failed capture:", record["failed_capture"], flush=True)
     for name, extra in runs.items():
         began = time.time()
         cmd = [sys.executable, str(ROOT / "recipes" / "pretrain.py"), *recipe_args(setup, args.work / name, *common, *extra)]

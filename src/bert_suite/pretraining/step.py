@@ -206,6 +206,25 @@ class PretrainingStep:
         self.pool = None
 
 
+def end_failed_capture(device) -> None:
+    """Leave the CUDA generator as an eager step needs it after a capture that failed. A capture marks the
+    generator as capturing when it begins and unmarks it when it ends; a capture that fails at its end (an
+    operation the graph cannot hold) leaves the mark, and every later random draw outside a graph (an eager
+    step's dropout) then stops with "Offset increment outside graph capture encountered unexpectedly" (seen
+    on an H200). A small capture that ends cleanly takes the mark away; the caller puts the generator's state
+    back after it."""
+    with contextlib.suppress(RuntimeError):
+        torch.cuda.synchronize(device)
+        side = torch.cuda.Stream(device)
+        with torch.cuda.stream(side):
+            probe = torch.zeros(1, device=device)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, stream=side):
+                probe.add_(1)
+        torch.cuda.synchronize(device)
+        del graph
+
+
 class _Captured:
     """One batch structure's step as a CUDA graph: static input buffers, the graph, and the body it replays."""
 
@@ -230,6 +249,7 @@ class _Captured:
                 raise
             log.warning("CUDA graph capture failed (%s); the step runs without a graph", str(err).splitlines()[0])
             self.graph = None
+            end_failed_capture(device)
         finally:
             torch.cuda.set_rng_state(rng, device) if cuda else torch.set_rng_state(rng)
         # The graph writes these tensors in place: held here so their memory stays theirs, checked at each replay
