@@ -542,6 +542,42 @@ def test_a_biphasic_variant_starts_from_the_left_to_right_variants_checkpoint_at
     assert [o["objective"] for o in facts["bi"]["objectives"]] == ["causal", "mlm_nsp"]
 
 
+def test_a_variant_started_from_another_takes_its_curve_points_up_to_the_start(data, tmp_path):
+    """A biphasic run started from the ltr run's checkpoint has copies of ltr's snapshots up to that step: the
+    curve takes ltr's points there (marked as ltr's) instead of fine-tuning the same weights again, and the
+    record says so; after that step, or for a run that trained its first steps itself, every point is its own."""
+    from bert_suite.ablation.finetune import curve_of
+    from bert_suite.ablation.record import markdown
+
+    study = load_study(small_study(tmp_path, data, variants={"ltr": {"use_nsp": False, "causal_attention": True},
+                                                             "bi": {"causal_fraction": 0.5}},
+                                   curve={"variants": ["ltr", "bi"], "tasks": ["rte"]}, compare={"baseline": "bi"},
+                                   contrasts=[{"first": "bi", "second": "ltr", "label": "biphasic against ltr"}]))
+    runs = {name: tmp_path / "pretraining" / name for name in ("ltr", "bi")}
+    for run_folder in runs.values():
+        run_folder.mkdir(parents=True)
+    (runs["bi"] / "started_from.json").write_text(json.dumps({"checkpoint": str(runs["ltr"] / "checkpoints" / "step-3"),
+                                                              "step": 3}))
+    asked, skipped = [], []
+
+    def grid(name, key, step):
+        asked.append((name, key, step))
+        scores = [float(step + len(name)), float(step + len(name) + 1)]
+        return {"mean": sum(scores) / 2, "se": 0.5, "scores": scores}
+
+    curve = curve_of(study, runs, ["rte"], grid, lambda: skipped.append(True))
+    assert asked == [("ltr", "rte", 3), ("ltr", "rte", 6), ("bi", "rte", 6)] and skipped == [True]
+    assert curve["bi"]["rte"][0] == {**curve["ltr"]["rte"][0], "from": "ltr"}
+    assert "from" not in curve["bi"]["rte"][1] and curve["bi"]["rte"][1]["scores"] != curve["ltr"]["rte"][1]["scores"]
+    record = {"baseline": "bi", "seeds": [1, 2], "models": {}, "tasks": {}, "contrasts": {}, "curve": curve,
+              "curve_contrasts": {}, "pretraining": {}, "command": "bert-suite ablation study.yaml"}
+    assert "bi's points at 3 steps are ltr's" in markdown(record, study, None)
+
+    (runs["bi"] / "started_from.json").unlink()  # trained its first steps itself: its own points everywhere
+    asked.clear()
+    assert "from" not in curve_of(study, runs, ["rte"], grid)["bi"]["rte"][0] and ("bi", "rte", 3) in asked
+
+
 @pytest.mark.slow  # two pre-trainings and the GPU route's three commands (about a minute): make test-all
 def test_a_study_pretrained_on_another_machine_comes_back_checked_and_is_found_pretrained(data, tmp_path):
     """benchmarks/gpu_study_pretraining.sh's files at toy size on the CPU: `collect` packs the run's records and

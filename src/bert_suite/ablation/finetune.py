@@ -119,29 +119,61 @@ def fine_tune(study: Study, out: Path, runs: dict[str, Path], steps: int, data_d
                     if t.feature_based}
         result["tasks"] = {t.record_key: result["tasks"].get(t.record_key) or features[t.record_key]
                            for t in study.tasks}
-    curve: dict = {}
     curve_tasks = {key: resolve_task(key, data_dirs or None, flag="task") for key in study.curve_tasks}
+
+    def grid(name: str, key: str, step: int) -> dict:
+        if step == steps and key in result["tasks"]:  # the compare stage's own grid
+            clock["done"] += 1
+            return result["tasks"][key]["models"][name]
+        task = curve_tasks[key]
+        folder = runs[name] / ("final" if step == steps else f"snapshots/step-{step}")
+        start = str(fine_tuning_checkpoint(folder, study.size(name)))
+        model = Model(f"{name}@{step}", start, start, False, False)
+        log(f"curve: curve, {key} with {model.name} ({start})")
+        scores = grid_scores(task, model, spaces.get(key) or space_of(study, task, None),
+                             out / "curve" / key / model.name, storage, max_len, None, overrides)
+        try:
+            return chosen_scores(scores, seeds, f"curve: {key} with {model.name}")
+        except CompareError as err:
+            raise AblationError(f"{err} ({out / 'curve' / key / model.name})") from None
+
+    def skip() -> None:
+        clock["done"] += 1
+
+    curve = curve_of(study, runs, list(curve_tasks), grid, skip)
+    return result, curve
+
+
+def curve_of(study: Study, runs: dict[str, Path], keys: list[str], grid, skip=lambda: None) -> dict:
+    """{variant: {task: [{step, mean, se, scores}]}} over the study's checkpoints, each point from
+    `grid(variant, task, step)`; a variant started from another's checkpoint takes that variant's points up to
+    the step it started from (its snapshots there are copies: the same weights, the same grid), marked
+    `"from": donor`, and `skip()` is called for each instead of a grid."""
+    curve: dict = {}
     for name in study.curve_variants:
-        for key, task in curve_tasks.items():
+        donor, switch = started_from(runs[name])
+        for key in keys:
             points = []
-            for step in checkpoints:
-                if step == steps and key in result["tasks"]:  # the compare stage's own grid
-                    entry = result["tasks"][key]["models"][name]
-                    clock["done"] += 1
-                else:
-                    folder = runs[name] / ("final" if step == steps else f"snapshots/step-{step}")
-                    start = str(fine_tuning_checkpoint(folder, study.size(name)))
-                    model = Model(f"{name}@{step}", start, start, False, False)
-                    log(f"curve: curve, {key} with {model.name} ({start})")
-                    scores = grid_scores(task, model, spaces.get(key) or space_of(study, task, None),
-                                         out / "curve" / key / model.name, storage, max_len, None, overrides)
-                    try:
-                        entry = chosen_scores(scores, seeds, f"curve: {key} with {model.name}")
-                    except CompareError as err:
-                        raise AblationError(f"{err} ({out / 'curve' / key / model.name})") from None
+            for step in study.pretraining.checkpoints:
+                given = [p for p in curve.get(donor, {}).get(key, []) if p["step"] == step and step <= switch]
+                if given:
+                    points.append({**given[0], "from": donor})
+                    skip()
+                    continue
+                entry = grid(name, key, step)
                 points.append({"step": step, "mean": entry["mean"], "se": entry["se"], "scores": entry["scores"]})
             curve.setdefault(name, {})[key] = points
-    return result, curve
+    return curve
+
+
+def started_from(run: Path) -> tuple[str | None, int]:
+    """(variant, step) whose checkpoint the run started from (`stages.reused_start`: its snapshots up to that step
+    are copies of that variant's), or (None, 0)."""
+    record = run / "started_from.json"
+    if not record.is_file():
+        return None, 0
+    start = json.loads(record.read_text())
+    return Path(start["checkpoint"]).parent.parent.name, int(start["step"])
 
 
 def feature_route(study: Study, entry: TaskEntry, models: dict, out: Path, data_dirs: list, log) -> dict:

@@ -115,6 +115,12 @@ def markdown(record: dict, study: Study, decontamination: dict | None) -> str:
                          else f"not ahead by more than 2 SE to the end ({found['points'][-1]['step']:,} steps)")
                 diffs = ", ".join(f"{p['step']:,}: {p['difference']:+.1f} ± {p['se']:.1f}" for p in found["points"])
                 lines.append(f"- {label}, {key}: {where} ({diffs})")
+        for name, by_task in record["curve"].items():
+            given = sorted({(p["from"], p["step"]) for ps in by_task.values() for p in ps if "from" in p})
+            for donor in dict.fromkeys(d for d, _ in given):
+                at = ", ".join(f"{s:,}" for d, s in given if d == donor)
+                lines += ["", f"{name}'s points at {at} steps are {donor}'s: its snapshots there are copies of "
+                          f"{donor}'s (it started from {donor}'s checkpoint), so they were not fine-tuned again."]
         lines.append("")
     rows = [[name, f"{f['steps']:,}", f"{f['minutes']:.1f}", f"{f['tokens']:,}", f"{100 * f['held_out_accuracy']:.1f}%",
              f["accuracy_kind"], f"{f['not_next_share']:.3f}", str(f.get("precision"))]
