@@ -127,6 +127,46 @@ def test_a_kill_mid_grid_resumes_to_the_same_compare_json(setup, compared, tmp_p
     assert {k: v for k, v in resumed.items() if k != "tasks"} == {k: v for k, v in whole.items() if k != "tasks"}
 
 
+def test_a_random_twin_with_the_same_config_and_vocabulary_is_one_model_and_gets_one_grid(setup, tmp_path):
+    """Two random-init models whose config and tokenizer files are the same bytes (two corpora's random twins
+    with one vocabulary) are one model: the second gets the first's grid instead of its own, and the record says
+    so. The premise checked: the twin's own grid gives the same scores. A twin whose vocabulary differs is its
+    own model."""
+    import shutil
+
+    from bert_suite.compare import data_dirs_of, grid_scores, grid_space, resolve_task, same_models
+
+    model = setup / "pretrain" / "final"
+    copy = tmp_path / "copy"
+    shutil.copytree(model, copy)
+    out = tmp_path / "out"
+    args = compare_args(setup, out)
+    args[args.index("--task") + 1: args.index("--task") + 3] = ["rte"]
+    args[1:5] = ["--model", f"random=random:{model}", "--model", f"twin=random:{copy}"]
+    assert cli_main(args) == 0
+    result = json.loads((out / "compare.json").read_text())
+    assert result["models"]["twin"]["same_as"] == "random" and "same_as" not in result["models"]["random"]
+    assert result["tasks"]["rte"]["models"]["twin"] == result["tasks"]["rte"]["models"]["random"]
+    assert not (out / "rte" / "twin").exists() and (out / "rte" / "random" / "grid_results.csv").is_file()
+    assert "twin is the same model as random" in (out / "compare.md").read_text()
+
+    twin = Model("twin", f"random:{copy}", str(copy), True, False)
+    task = resolve_task("rte", data_dirs_of([str(setup / "data")]))
+    space = grid_space(task, [int(s) for s in SEEDS], learning_rates=[1e-3], batch_sizes=[16], epochs=[1])
+    own = grid_scores(task, twin, space, tmp_path / "own", max_seq_length=72, overrides={"disable_tqdm": True})
+    scores = [100 * own[next(iter(own))][int(s)] for s in SEEDS]
+    assert scores == pytest.approx(result["tasks"]["rte"]["models"]["random"]["scores"])
+
+    tokenizer = json.loads((copy / "tokenizer.json").read_text())
+    tokenizer["model"]["vocab"]["extra"] = len(tokenizer["model"]["vocab"])  # one more word: another vocabulary
+    (copy / "tokenizer.json").write_text(json.dumps(tokenizer))
+    models = {"random": Model("random", f"random:{model}", str(model), True, False), "twin": twin}
+    assert same_models(models, "random") == {} and same_models({**models, "bilstm": Model(
+        "bilstm", f"random:{model}", str(model), True, True)}, "twin") == {}
+    assert same_models({"a": models["random"], "b": Model("b", f"random:{model}", str(model), True, False)}, "b") \
+        == {"a": "b"}  # the baseline is the one kept
+
+
 def test_hand_computed_paired_statistics_and_the_setting_chosen_by_its_mean():
     # differences 5, 2, 6 -> mean 4.3333, sd 2.0817, SE 1.2019; t(0.975, 2) = 4.30265 -> half-width 5.17119
     d = paired_comparison([75.0, 74.0, 80.0], [70.0, 72.0, 74.0])

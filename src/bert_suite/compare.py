@@ -246,20 +246,51 @@ def run_compare(models: dict[str, Model], tasks: dict[str, Task], baseline: str,
     out = Path(output_dir)
     total, done = len(tasks) * len(models), 0
     found: dict[str, dict[str, dict]] = {}
+    same = same_models(models, baseline)
     for task in tasks.values():
         found[task.key] = {}
         for model in models.values():
             done += 1
+            if model.name in same:
+                log(f"[compare] {done}/{total}: {task.key} with {model.name}: the same model as {same[model.name]} "
+                    "(fresh weights from the same config and vocabulary, the same seeds): its grid")
+                continue
             log(f"[compare] {done}/{total}: {task.key} with {model.name} ({model.model})")
             found[task.key][model.name] = grid_scores(task, model, spaces[task.key], grid_folder(out, task, model),
                                                       storage, max_seq_length, max_eval_samples, overrides, precision,
                                                       heartbeat_interval, grace_period)
+        for name, twin in same.items():
+            found[task.key][name] = found[task.key][twin]
     result = build_result(baseline, seeds, models, tasks, found)
+    for name, twin in same.items():
+        result["models"][name]["same_as"] = twin
     vocabularies = {name: vocabulary_of(m) for name, m in models.items()}
     grids = {describe_grid(space) for space in spaces.values()}
     write_outputs(out, result, "; ".join(f"{key}: {describe_grid(spaces[key])}" for key in tasks)
                   if len(grids) > 1 else grids.pop(), vocabularies)
     return result
+
+
+def same_models(models: dict[str, Model], baseline: str) -> dict[str, str]:
+    """{name: earlier name} for each random-init model whose config and tokenizer files are byte for byte those of
+    an earlier one (the baseline first): its weights are drawn from the same config with the same seeds, so it is
+    the same model and gets the same grid. Two corpora's random twins are, when their vocabularies coincide."""
+    seen: dict[str, str] = {}
+    same = {}
+    for name in sorted(models, key=lambda n: n != baseline):
+        model = models[name]
+        path = Path(model.path)
+        if not model.random_init or not path.is_dir():
+            continue
+        digest = hashlib.sha256(f"bilstm={model.bilstm}".encode())
+        for file in sorted(f for f in path.iterdir() if f.name in RANDOM_TWIN_FILES):
+            digest.update(file.name.encode() + b"\0" + file.read_bytes())
+        same[name] = seen.setdefault(digest.hexdigest(), name)
+    return {name: twin for name, twin in same.items() if twin != name}
+
+
+RANDOM_TWIN_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json",
+                     "added_tokens.json")
 
 
 def grid_scores(task: Task, model: Model, space: dict, folder: Path, storage: str | None = None,
@@ -343,6 +374,13 @@ def markdown_table(result: dict) -> list[str]:
     return md_table(header, rows)
 
 
+def same_model_lines(result: dict) -> list[str]:
+    """A paragraph naming the models that are another's (`same_models`), or nothing."""
+    same = {name: m["same_as"] for name, m in result["models"].items() if "same_as" in m}
+    return [" ".join(f"{name} is the same model as {twin} (fresh weights from the same config and vocabulary, the "
+                     "same seeds): its scores are that grid's." for name, twin in same.items()), ""] if same else []
+
+
 def markdown(result: dict, grid: str = "", vocabularies: dict | None = None) -> str:
     seeds = result["seeds"]
     lines = ["# Comparison", "", *markdown_table(result), "",
@@ -357,7 +395,7 @@ def markdown(result: dict, grid: str = "", vocabularies: dict | None = None) -> 
         lines += ["**The models do not share one vocabulary**, so their inputs differ as well as their weights: " +
                   "; ".join(f"{name}: {size:,} tokens ({digest[:8]})" for name, (size, digest) in vocabularies.items())
                   + ".", ""]
-    lines += ["## Per task", ""]
+    lines += [*same_model_lines(result), "## Per task", ""]
     for key, entry in result["tasks"].items():
         labels = f", first {entry['labels']:,} training examples" if entry["labels"] else ""
         rows = []

@@ -86,14 +86,15 @@ def contrasts_of(study: Study, result: dict, curve: dict) -> tuple[dict, dict]:
 
 def markdown(record: dict, study: Study, decontamination: dict | None) -> str:
     """ablation.md; `decontamination`: {corpus stage: its counts} of the corpora that were decontaminated."""
-    from ..compare import markdown_table
+    from ..compare import markdown_table, same_model_lines
     from ..report import md_table
 
     seeds = record["seeds"]
     lines = [f"# {study.title}", "", f"`{record['command']}`", "", *markdown_table(record), "",
              f"Mean ± standard error over seeds {', '.join(map(str, seeds))} (0-100); in brackets the mean per-seed "
              f"difference from {record['baseline']} ± its SE and the verdict at 2 SE. Each model's setting is the one "
-             "with the best mean dev score over the seeds (per-seed scores and settings: ablation.json).", ""]
+             "with the best mean dev score over the seeds (per-seed scores and settings: ablation.json).", "",
+             *same_model_lines(record)]
     tasks = list(record["tasks"])
     if record["contrasts"]:
         rows = [[label, *(f"{d['difference']:+.1f} ± {d['se']:.1f} [{d['ci95'][0]:+.1f}, {d['ci95'][1]:+.1f}] "
