@@ -542,22 +542,26 @@ def test_a_biphasic_variant_starts_from_the_left_to_right_variants_checkpoint_at
     assert [o["objective"] for o in facts["bi"]["objectives"]] == ["causal", "mlm_nsp"]
 
 
-def test_a_variant_started_from_another_takes_its_curve_points_up_to_the_start(data, tmp_path):
+def test_a_snapshot_already_fine_tuned_on_the_curve_takes_that_point(data, tmp_path):
     """A biphasic run started from the ltr run's checkpoint has copies of ltr's snapshots up to that step: the
-    curve takes ltr's points there (marked as ltr's) instead of fine-tuning the same weights again, and the
-    record says so; after that step, or for a run that trained its first steps itself, every point is its own."""
+    curve takes ltr's points there (marked as ltr's) instead of fine-tuning the same weights again, whichever
+    variant the file lists first, and the record says so. A snapshot whose bytes differ, and the final step (the
+    compare stage's grid), are each variant's own."""
     from bert_suite.ablation.finetune import curve_of
     from bert_suite.ablation.record import markdown
 
-    study = load_study(small_study(tmp_path, data, variants={"ltr": {"use_nsp": False, "causal_attention": True},
-                                                             "bi": {"causal_fraction": 0.5}},
-                                   curve={"variants": ["ltr", "bi"], "tasks": ["rte"]}, compare={"baseline": "bi"},
-                                   contrasts=[{"first": "bi", "second": "ltr", "label": "biphasic against ltr"}]))
+    def study_listing(*order):
+        return load_study(small_study(tmp_path, data, variants={"ltr": {"use_nsp": False, "causal_attention": True},
+                                                                "bi": {"causal_fraction": 0.5}},
+                                      curve={"variants": list(order), "tasks": ["rte"]}, compare={"baseline": "bi"},
+                                      contrasts=[{"first": "bi", "second": "ltr", "label": "biphasic against ltr"}]))
     runs = {name: tmp_path / "pretraining" / name for name in ("ltr", "bi")}
-    for run_folder in runs.values():
-        run_folder.mkdir(parents=True)
-    (runs["bi"] / "started_from.json").write_text(json.dumps({"checkpoint": str(runs["ltr"] / "checkpoints" / "step-3"),
-                                                              "step": 3}))
+    for name, run_folder in runs.items():
+        for step in (3, 6):  # 6 is the last step: its model is final/, the compare stage's
+            snapshot = run_folder / "snapshots" / f"step-{step}"
+            snapshot.mkdir(parents=True)
+            (snapshot / "config.json").write_text("{}")
+            (snapshot / "model.safetensors").write_bytes(b"weights at 3" if step == 3 else name.encode())
     asked, skipped = [], []
 
     def grid(name, key, step):
@@ -565,17 +569,22 @@ def test_a_variant_started_from_another_takes_its_curve_points_up_to_the_start(d
         scores = [float(step + len(name)), float(step + len(name) + 1)]
         return {"mean": sum(scores) / 2, "se": 0.5, "scores": scores}
 
-    curve = curve_of(study, runs, ["rte"], grid, lambda: skipped.append(True))
+    curve = curve_of(study_listing("ltr", "bi"), runs, ["rte"], 6, grid, lambda: skipped.append(True))
     assert asked == [("ltr", "rte", 3), ("ltr", "rte", 6), ("bi", "rte", 6)] and skipped == [True]
     assert curve["bi"]["rte"][0] == {**curve["ltr"]["rte"][0], "from": "ltr"}
     assert "from" not in curve["bi"]["rte"][1] and curve["bi"]["rte"][1]["scores"] != curve["ltr"]["rte"][1]["scores"]
     record = {"baseline": "bi", "seeds": [1, 2], "models": {}, "tasks": {}, "contrasts": {}, "curve": curve,
               "curve_contrasts": {}, "pretraining": {}, "command": "bert-suite ablation study.yaml"}
-    assert "bi's points at 3 steps are ltr's" in markdown(record, study, None)
+    assert "bi's points at 3 steps are ltr's" in markdown(record, study_listing("ltr", "bi"), None)
 
-    (runs["bi"] / "started_from.json").unlink()  # trained its first steps itself: its own points everywhere
+    asked.clear()  # the biphasic variant listed first: ltr takes its point
+    curve = curve_of(study_listing("bi", "ltr"), runs, ["rte"], 6, grid)
+    assert asked == [("bi", "rte", 3), ("bi", "rte", 6), ("ltr", "rte", 6)] and curve["ltr"]["rte"][0]["from"] == "bi"
+
+    (runs["bi"] / "snapshots" / "step-3" / "model.safetensors").write_bytes(b"trained its first steps itself")
     asked.clear()
-    assert "from" not in curve_of(study, runs, ["rte"], grid)["bi"]["rte"][0] and ("bi", "rte", 3) in asked
+    assert "from" not in curve_of(study_listing("ltr", "bi"), runs, ["rte"], 6, grid)["bi"]["rte"][0]
+    assert ("bi", "rte", 3) in asked
 
 
 @pytest.mark.slow  # two pre-trainings and the GPU route's three commands (about a minute): make test-all

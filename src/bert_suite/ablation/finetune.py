@@ -6,6 +6,7 @@ its study."""
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import time
 from pathlib import Path
@@ -140,40 +141,46 @@ def fine_tune(study: Study, out: Path, runs: dict[str, Path], steps: int, data_d
     def skip() -> None:
         clock["done"] += 1
 
-    curve = curve_of(study, runs, list(curve_tasks), grid, skip)
+    curve = curve_of(study, runs, list(curve_tasks), steps, grid, skip)
     return result, curve
 
 
-def curve_of(study: Study, runs: dict[str, Path], keys: list[str], grid, skip=lambda: None) -> dict:
+def curve_of(study: Study, runs: dict[str, Path], keys: list[str], steps: int, grid, skip=lambda: None) -> dict:
     """{variant: {task: [{step, mean, se, scores}]}} over the study's checkpoints, each point from
-    `grid(variant, task, step)`; a variant started from another's checkpoint takes that variant's points up to
-    the step it started from (its snapshots there are copies: the same weights, the same grid), marked
-    `"from": donor`, and `skip()` is called for each instead of a grid."""
+    `grid(variant, task, step)`. A snapshot that is byte for byte one fine-tuned already (a biphasic run started
+    from the left-to-right run's checkpoint has copies of its snapshots up to that step) takes that point,
+    marked `"from": variant`, and `skip()` is called instead of a grid: the same weights, the same grid."""
     curve: dict = {}
+    first: dict[tuple, tuple[str, dict]] = {}  # (snapshot digest, task) -> the variant and point fine-tuned
     for name in study.curve_variants:
-        donor, switch = started_from(runs[name])
         for key in keys:
             points = []
             for step in study.pretraining.checkpoints:
-                given = [p for p in curve.get(donor, {}).get(key, []) if p["step"] == step and step <= switch]
-                if given:
-                    points.append({**given[0], "from": donor})
+                digest = snapshot_digest(runs[name] / "snapshots" / f"step-{step}") if step < steps else None
+                if digest and (digest, key) in first:
+                    donor, point = first[digest, key]
+                    points.append({**point, "from": donor})
                     skip()
                     continue
                 entry = grid(name, key, step)
                 points.append({"step": step, "mean": entry["mean"], "se": entry["se"], "scores": entry["scores"]})
+                if digest:
+                    first[digest, key] = (name, points[-1])
             curve.setdefault(name, {})[key] = points
     return curve
 
 
-def started_from(run: Path) -> tuple[str | None, int]:
-    """(variant, step) whose checkpoint the run started from (`stages.reused_start`: its snapshots up to that step
-    are copies of that variant's), or (None, 0)."""
-    record = run / "started_from.json"
-    if not record.is_file():
-        return None, 0
-    start = json.loads(record.read_text())
-    return Path(start["checkpoint"]).parent.parent.name, int(start["step"])
+def snapshot_digest(folder: Path) -> str | None:
+    """SHA-256 of a snapshot's config and weights (None when it has none): equal digests, the same model."""
+    files = [folder / "config.json", *sorted(folder.glob("*.safetensors"))]
+    if not all(f.is_file() for f in files) or len(files) < 2:
+        return None
+    digest = hashlib.sha256()
+    for file in files:
+        with open(file, "rb") as handle:
+            while block := handle.read(1 << 20):
+                digest.update(block)
+    return digest.hexdigest()
 
 
 def feature_route(study: Study, entry: TaskEntry, models: dict, out: Path, data_dirs: list, log) -> dict:

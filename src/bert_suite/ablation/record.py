@@ -120,8 +120,9 @@ def markdown(record: dict, study: Study, decontamination: dict | None) -> str:
             given = sorted({(p["from"], p["step"]) for ps in by_task.values() for p in ps if "from" in p})
             for donor in dict.fromkeys(d for d, _ in given):
                 at = ", ".join(f"{s:,}" for d, s in given if d == donor)
-                lines += ["", f"{name}'s points at {at} steps are {donor}'s: its snapshots there are copies of "
-                          f"{donor}'s (it started from {donor}'s checkpoint), so they were not fine-tuned again."]
+                lines += ["", f"{name}'s points at {at} steps are {donor}'s: its snapshots there are byte for byte "
+                          f"{donor}'s (a run started from {donor}'s checkpoint has copies of them), so they were not "
+                          "fine-tuned again."]
         lines.append("")
     rows = [[name, f"{f['steps']:,}", f"{f['minutes']:.1f}", f"{f['tokens']:,}", f"{100 * f['held_out_accuracy']:.1f}%",
              f["accuracy_kind"], f"{f['not_next_share']:.3f}", str(f.get("precision"))]
