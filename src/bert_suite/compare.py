@@ -283,14 +283,14 @@ def same_models(models: dict[str, Model], baseline: str) -> dict[str, str]:
         if not model.random_init or not path.is_dir():
             continue
         digest = hashlib.sha256(f"bilstm={model.bilstm}".encode())
-        for file in sorted(f for f in path.iterdir() if f.name in RANDOM_TWIN_FILES):
+        for file in sorted(f for f in path.iterdir() if f.name in RANDOM_TWIN_FILES or f.suffix == ".model"):
             digest.update(file.name.encode() + b"\0" + file.read_bytes())
         same[name] = seen.setdefault(digest.hexdigest(), name)
     return {name: twin for name, twin in same.items() if twin != name}
 
 
-RANDOM_TWIN_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json",
-                     "added_tokens.json")
+RANDOM_TWIN_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json", "merges.txt",
+                     "special_tokens_map.json", "added_tokens.json")  # and a sentencepiece *.model
 
 
 def grid_scores(task: Task, model: Model, space: dict, folder: Path, storage: str | None = None,
