@@ -202,7 +202,7 @@ with tarfile.open(out / "artifacts.tar.gz", "w:gz") as tar:
 final = run / "final"
 if (final / "config.json").is_file():
     import torch
-    sys.path.insert(0, "benchmarks")  # the repository's root is this script's folder
+    sys.path.insert(0, "benchmarks")  # the working directory is the repository root (the script cds there)
     from study_transfer import cast_folder
     half = runs.parent / "final-bf16"
     cast_folder(final, half, torch.bfloat16)

@@ -207,19 +207,21 @@ class PretrainingStep:
 
 
 def end_failed_capture(device) -> None:
-    """Leave the CUDA generator as an eager step needs it after a capture that failed. A capture marks the
-    generator as capturing when it begins and unmarks it when it ends; a capture that fails at its end (an
-    operation the graph cannot hold) leaves the mark, and every later random draw outside a graph (an eager
-    step's dropout) then stops with "Offset increment outside graph capture encountered unexpectedly" (seen
-    on an H200). A small capture that ends cleanly takes the mark away; the caller puts the generator's state
-    back after it."""
+    """Leave the CUDA generator as an eager step needs it after a capture that failed. Up to torch 2.11 at
+    least (the H200's), a capture marks the generator as capturing when it begins and unmarks it when it ends; a
+    capture that fails at its end (an operation the graph cannot hold) leaves the mark, and every later random
+    draw outside a graph (an eager step's dropout) then stops with "Offset increment outside graph capture
+    encountered unexpectedly" (seen on an H200). A small capture that ends cleanly takes the mark away; the
+    caller puts the generator's state back after it. Later versions (2.13) keep a state per capture and leave
+    no mark: this changes nothing there."""
     with contextlib.suppress(RuntimeError):
         torch.cuda.synchronize(device)
         side = torch.cuda.Stream(device)
         with torch.cuda.stream(side):
             probe = torch.zeros(1, device=device)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, stream=side):
+            # thread_local: another thread's CUDA call (a pinned-memory loader) is not an error in the capture
+            with torch.cuda.graph(graph, stream=side, capture_error_mode="thread_local"):
                 probe.add_(1)
         torch.cuda.synchronize(device)
         del graph
@@ -239,6 +241,7 @@ class _Captured:
         # so that the replays draw what eager steps would, and a resumed run what the uninterrupted one drew.
         cuda = device.type == "cuda"
         rng = torch.cuda.get_rng_state(device) if cuda else torch.get_rng_state()
+        stream = torch.cuda.current_stream(device) if cuda else None
         try:
             if cuda:
                 self._capture(device)
@@ -249,6 +252,7 @@ class _Captured:
                 raise
             log.warning("CUDA graph capture failed (%s); the step runs without a graph", str(err).splitlines()[0])
             self.graph = None
+            torch.cuda.set_stream(stream)  # a capture that fails at its end leaves its own stream current
             end_failed_capture(device)
         finally:
             torch.cuda.set_rng_state(rng, device) if cuda else torch.set_rng_state(rng)
