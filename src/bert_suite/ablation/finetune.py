@@ -24,7 +24,7 @@ from ..compare import (
     run_compare,
 )
 from ..io import atomic_write_text
-from .stages import Progress
+from .stages import Progress, file_digest
 from .study import AblationError, Study, TaskEntry
 
 FEATURE_LAYERS = 4  # Table 8's feature-based column: the last four layers (all, in a smaller model), concatenated
@@ -177,9 +177,7 @@ def snapshot_digest(folder: Path) -> str | None:
         return None
     digest = hashlib.sha256()
     for file in files:
-        with open(file, "rb") as handle:
-            while block := handle.read(1 << 20):
-                digest.update(block)
+        file_digest(file, digest)
     return digest.hexdigest()
 
 

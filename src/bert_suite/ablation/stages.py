@@ -55,11 +55,16 @@ def fingerprint(path: str | Path) -> dict:
     stat = path.stat()
     if stat.st_size > HASHED:
         return {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
-    digest = hashlib.sha256()
+    return {"size": stat.st_size, "sha256": file_digest(path).hexdigest()}
+
+
+def file_digest(path: Path, digest=None):
+    """`digest` (a new SHA-256 by default) updated with the file's bytes, read a MiB at a time."""
+    digest = digest or hashlib.sha256()
     with open(path, "rb") as handle:
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
-    return {"size": stat.st_size, "sha256": digest.hexdigest()}
+    return digest
 
 
 def _plain(value):
