@@ -587,6 +587,95 @@ def test_a_snapshot_already_fine_tuned_on_the_curve_takes_that_point(data, tmp_p
     assert ("bi", "rte", 3) in asked
 
 
+def complete_trials(folder: Path) -> int:
+    import sqlite3
+
+    with sqlite3.connect(folder / "grid.db") as db:
+        return db.execute("select count(*) from trials where state = 'COMPLETE'").fetchone()[0]
+
+
+@pytest.mark.parametrize("then", ["stop", pytest.param("finish", marks=pytest.mark.slow)])
+def test_a_study_fine_tunes_what_is_ready_while_another_process_pre_trains_a_variant(data, tmp_path, then):
+    """A plain run beside another process that pre-trains a variant (its lock held here) trains the variant
+    nobody trains and fine-tunes it meanwhile (compare's grid and its curve snapshot), then waits. Stopped
+    there, it stops; or, the lock let go with the variant unfinished, it trains that one itself, and the
+    compare stage finds the early grids done (slow: two more pre-trainings' worth of work)."""
+    import signal
+
+    from bert_suite.ablation.locks import variant_lock
+
+    study = small_study(tmp_path, data, variants={"other": {"learning_rate": 1e-3}, "random": None},
+                        contrasts=[{"first": "pre", "second": "other", "label": "lr"}])
+    out, log = tmp_path / "out", tmp_path / "study.out"
+    with variant_lock(out, "other"), open(log, "w") as handle:
+        process = subprocess.Popen([str(Path(sys.executable).parent / "bert-suite"), "ablation", str(study),
+                                    "--output_dir", str(out)], env={**os.environ, "HF_HUB_OFFLINE": "1"},
+                                   stdout=handle, stderr=subprocess.PIPE, text=True)
+        wait_for(log, "waiting for other (pre-trained by another process; 2 grids", process, 300)
+        assert "compare: early, while other pre-train: rte with pre" in log.read_text()
+        assert [p.name for p in (out / "compare" / "rte").iterdir()] == ["pre"]
+        assert [p.name for p in (out / "curve" / "rte").iterdir()] == ["pre@3"]
+        assert not (out / "pretraining" / "other").exists()
+        early = {"pre": complete_trials(out / "compare" / "rte" / "pre"),
+                 "pre@3": complete_trials(out / "curve" / "rte" / "pre@3")}
+        assert early == {"pre": 2, "pre@3": 2}  # the grid: one setting, seeds 1 and 2
+        if then == "stop":
+            process.send_signal(signal.SIGTERM)
+            _, err = process.communicate(timeout=120)
+            assert process.returncode == 128 + signal.SIGTERM and "stopped by SIGTERM" in err, err[-3000:]
+            return
+    _, err = process.communicate(timeout=600)
+    assert process.returncode == 0, err[-3000:]
+    record = json.loads((out / "ablation.json").read_text())
+    assert set(record["models"]) == {"pre", "other"} and record["pretraining"]["other"]["steps"] == 6
+    assert {"pre": complete_trials(out / "compare" / "rte" / "pre"),
+            "pre@3": complete_trials(out / "curve" / "rte" / "pre@3")} == early  # not run again
+    assert (out / "logs" / "pretraining-other.log").read_text().count("$ ") == 1
+
+
+def test_early_grids_are_the_ones_the_compare_stage_would_run_with_what_is_done_already(data, tmp_path, monkeypatch):
+    """While another process pre-trains a variant, the study fine-tunes what is done: compare's grid of each
+    variant whose run (or source's run) is finished, and the curve's snapshots written so far, in the compare
+    stage's folders. A snapshot that is a copy of an earlier curve variant's, one after a missing snapshot, and
+    a random twin behind one not ready are left to the compare stage (they may yet be another's grid)."""
+    from bert_suite.ablation import finetune
+
+    study = load_study(small_study(tmp_path, data, variants={
+        "ltr": {"use_nsp": False, "causal_attention": True}, "bi": {"causal_fraction": 0.5},
+        "ltr_random": {"from": "ltr", "random_init": True}, "bi_random": {"from": "bi", "random_init": True},
+        "pre": None, "random": None},
+        compare={"baseline": "bi"}, curve={"variants": ["ltr", "bi"], "tasks": ["rte"]},
+        contrasts=[{"first": "bi", "second": "ltr", "label": "biphasic against ltr"}]))
+    runs = {name: tmp_path / "pretraining" / name for name in ("ltr", "bi")}
+    for folder in runs.values():
+        snapshot = folder / "snapshots" / "step-3"
+        snapshot.mkdir(parents=True)
+        (snapshot / "config.json").write_text("{}")
+        (snapshot / "model.safetensors").write_bytes(b"ltr's first steps")  # bi started from ltr's checkpoint
+    (runs["bi"] / "final").mkdir()
+    (runs["bi"] / "final" / "config.json").write_text("{}")
+    (runs["bi"] / "pretrain_results.json").write_text(json.dumps({"step": 6}))
+    asked = []
+    monkeypatch.setattr(finetune, "grid_scores", lambda task, model, space, folder, *rest: asked.append(
+        (model.name, str(folder.relative_to(tmp_path)))))
+    assert finetune.ready_variants(study, runs, 6) == ["bi", "bi_random"]
+    # bi through compare's grid; bi_random waits (ltr_random, listed first, may have its files and take the grid),
+    # ltr's snapshot on the curve (bi's is its copy), bi's last step is compare's grid, ltr is not finished
+    assert finetune.early_grids(study, tmp_path, runs, 6, study.compare.data_dirs, None, None) == 2
+    assert asked == [("bi", "compare/rte/bi"), ("ltr@3", "curve/rte/ltr@3")]
+
+    asked.clear()  # ltr's snapshot not written yet: bi's might turn out to be its copy, so it waits
+    (runs["ltr"] / "snapshots" / "step-3" / "model.safetensors").unlink()
+    assert finetune.early_grids(study, tmp_path, runs, 6, study.compare.data_dirs, None, None) == 1
+    (runs["ltr"] / "pretrain_results.json").write_text(json.dumps({"step": 6}))  # ltr finished: all of it is ready
+    (runs["ltr"] / "final").mkdir()
+    (runs["ltr"] / "final" / "config.json").write_text("{}")
+    (runs["ltr"] / "snapshots" / "step-3" / "model.safetensors").write_bytes(b"ltr's first steps")
+    asked.clear()
+    assert finetune.early_grids(study, tmp_path, runs, 6, study.compare.data_dirs, None, None) == 4
+    assert [name for name, _ in asked] == ["ltr", "bi", "ltr_random", "ltr@3"]  # the twins' files are alike: one grid
+
+
 @pytest.mark.slow  # two pre-trainings and the GPU route's three commands (about a minute): make test-all
 def test_a_study_pretrained_on_another_machine_comes_back_checked_and_is_found_pretrained(data, tmp_path):
     """benchmarks/gpu_study_pretraining.sh's files at toy size on the CPU: `collect` packs the run's records and

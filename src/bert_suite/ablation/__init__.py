@@ -20,11 +20,12 @@ recipe from its last checkpoint, a grid from its study).
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
-from .finetune import check_study_tasks, fine_tune, fine_tuning_checkpoint
+from .finetune import check_study_tasks, early_grids, fine_tune, fine_tuning_checkpoint
 from .launch import TIMING_EVERY, helpers_running, launch_recipe, stopping
-from .locks import data_lock
+from .locks import data_lock, held_elsewhere, variant_lock_path
 from .record import contrasts_of, pretraining_record, write_record
 from .stages import (
     Progress,
@@ -36,6 +37,8 @@ from .stages import (
     task_data,
 )
 from .study import AblationError, Study, load_study
+
+WAIT_POLL = 5  # seconds between looks at the locks of variants that other processes pre-train
 
 __all__ = ["TIMING_EVERY", "AblationError", "Study", "contrasts_of", "fine_tuning_checkpoint", "launch_recipe",
            "load_study", "minutes_of", "pretraining_record", "run_ablation"]
@@ -64,12 +67,22 @@ def run_ablation(path: str | Path, output_dir: str | Path, until: str = "compare
             check_study_tasks(study, data_dirs, data)
             steps = plan_steps(study, out, data, progress)
         runs = {name: out / "pretraining" / name for name in study.pretrained}
-        if worker:  # a --workers helper: the grids only, once the pre-training is done
-            fine_tune(study, out, runs, steps, data_dirs, storage, progress, worker=True)
+        if worker:  # a --workers helper: the grids only (those ready, while others still pre-train)
+            if all(finished_steps(run) == steps for run in runs.values()):
+                fine_tune(study, out, runs, steps, data_dirs, storage, progress, worker=True)
+            else:
+                early_grids(study, out, runs, steps, data_dirs, storage, progress, worker=True)
             return None
         for key, why in study.left_out.items():
             progress.stage("compare", f"left out: {key} (optional: {why})")
-        pretrain(study, out, data, steps, only, progress)
+        while held := pretrain(study, out, data, steps, only, progress, pass_held=not only and until == "compare"):
+            # other processes pre-train these: fine-tune what is ready meanwhile, then wait for one of them
+            with helpers_running(path, out, workers, storage):
+                ran = early_grids(study, out, runs, steps, data_dirs, storage, progress)
+            progress.stage("pretraining", f"waiting for {', '.join(held)} (pre-trained by another process"
+                           f"{'; ' + str(ran) + ' grids of the variants ready were fine-tuned meanwhile' if ran else ''})")
+            while all(held_elsewhere(variant_lock_path(out, name)) for name in held):
+                time.sleep(WAIT_POLL)
         if only:
             left = [n for n in study.pretrained if finished_steps(runs[n]) is None]
             progress.stage("pretraining", f"{', '.join(only)} done" + (

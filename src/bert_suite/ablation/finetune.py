@@ -18,10 +18,12 @@ from ..compare import (
     build_result,
     check_tasks,
     chosen_scores,
+    grid_folder,
     grid_scores,
     grid_space,
     resolve_task,
     run_compare,
+    same_models,
 )
 from ..io import atomic_write_text
 from .stages import Progress, file_digest
@@ -52,11 +54,13 @@ def fine_tuning_checkpoint(folder: Path, size: str) -> Path:
     return twin
 
 
-def models_of(study: Study, runs: dict[str, Path]) -> dict[str, Model]:
-    """Every variant as compare's Model, in the file's order: a pre-trained one's final checkpoint, or its
-    source's with fresh weights (random_init) or a BiLSTM before the head."""
+def models_of(study: Study, runs: dict[str, Path], names=None) -> dict[str, Model]:
+    """Every variant (or those in `names`) as compare's Model, in the file's order: a pre-trained one's final
+    checkpoint, or its source's with fresh weights (random_init) or a BiLSTM before the head."""
     models = {}
     for name, variant in study.variants.items():
+        if names is not None and name not in names:
+            continue
         start = str(fine_tuning_checkpoint(runs[variant.source or name] / "final", study.size(variant.source or name)))
         prefix = "random:" if variant.random_init else "bilstm:" if variant.bilstm else ""
         models[name] = Model(name, prefix + start, start, variant.random_init, variant.bilstm)
@@ -98,7 +102,6 @@ def fine_tune(study: Study, out: Path, runs: dict[str, Path], steps: int, data_d
     except CompareError as err:
         raise AblationError(f"{study.path}: compare: {err}") from None
     spaces = {t.key: space_of(study, tasks[t.key], t) for t in tuned}
-    overrides = {"disable_tqdm": True}
     seeds = study.compare.seeds
     checkpoints = study.pretraining.checkpoints
     total = len(tasks) * len(models) + len(study.curve_variants) * len(study.curve_tasks) * len(checkpoints) \
@@ -113,7 +116,7 @@ def fine_tune(study: Study, out: Path, runs: dict[str, Path], steps: int, data_d
         clock["done"] += 1
 
     result = run_compare(models, tasks, study.compare.baseline, seeds, spaces, out / "compare", storage, max_len,
-                         None, overrides, heartbeat_interval=30, grace_period=120, log=log) if tasks else \
+                         None, FINE_TUNING, heartbeat_interval=30, grace_period=120, log=log) if tasks else \
         build_result(study.compare.baseline, seeds, models, {}, {})
     if not worker:  # the feature route is not shared with the helpers
         features = {t.record_key: feature_route(study, t, models, out, data_dirs, log) for t in study.tasks
@@ -126,13 +129,7 @@ def fine_tune(study: Study, out: Path, runs: dict[str, Path], steps: int, data_d
         if step == steps and key in result["tasks"]:  # the compare stage's own grid
             clock["done"] += 1
             return result["tasks"][key]["models"][name]
-        task = curve_tasks[key]
-        folder = runs[name] / ("final" if step == steps else f"snapshots/step-{step}")
-        start = str(fine_tuning_checkpoint(folder, study.size(name)))
-        model = Model(f"{name}@{step}", start, start, False, False)
-        log(f"curve: curve, {key} with {model.name} ({start})")
-        scores = grid_scores(task, model, spaces.get(key) or space_of(study, task, None),
-                             out / "curve" / key / model.name, storage, max_len, None, overrides)
+        model, scores = curve_grid(study, out, runs, steps, name, curve_tasks[key], step, spaces, storage, log)
         try:
             return chosen_scores(scores, seeds, f"curve: {key} with {model.name}")
         except CompareError as err:
@@ -143,6 +140,83 @@ def fine_tune(study: Study, out: Path, runs: dict[str, Path], steps: int, data_d
 
     curve = curve_of(study, runs, list(curve_tasks), steps, grid, skip)
     return result, curve
+
+
+FINE_TUNING = {"disable_tqdm": True}  # the grids' TrainingArguments overrides
+
+
+def curve_grid(study: Study, out: Path, runs: dict[str, Path], steps: int, name: str, task: Task, step: int,
+               spaces: dict, storage: str | None, log) -> tuple[Model, dict]:
+    """One point of the curve: `name`'s snapshot at `step` (its final checkpoint at the last step) through the
+    task's grid in OUT/curve/TASK/NAME@STEP."""
+    folder = runs[name] / ("final" if step == steps else f"snapshots/step-{step}")
+    start = str(fine_tuning_checkpoint(folder, study.size(name)))
+    model = Model(f"{name}@{step}", start, start, False, False)
+    log(f"curve: curve, {task.key} with {model.name} ({start})")
+    return model, grid_scores(task, model, spaces.get(task.key) or space_of(study, task, None),
+                              out / "curve" / task.key / model.name, storage, study.compare.max_seq_length, None,
+                              FINE_TUNING)
+
+
+def ready_variants(study: Study, runs: dict[str, Path], steps: int) -> list[str]:
+    """The variants whose fine-tuning can start, in the file's order: a pre-trained one whose run is finished, a
+    fine-tuning-only one whose source's is."""
+    from .stages import finished_steps
+
+    done = {name for name in study.pretrained if finished_steps(runs[name]) == steps}
+    return [name for name, variant in study.variants.items() if (variant.source or name) in done]
+
+
+def early_grids(study: Study, out: Path, runs: dict[str, Path], steps: int, data_dirs: list, storage: str | None,
+                progress: Progress | None, worker: bool = False) -> int:
+    """While other processes still pre-train some variants: the grids that need only what is done already, in
+    the folders the compare stage will use (it then finds them done): compare's for each variant ready
+    (`ready_variants`), and the curve's for each snapshot written, a run's last step once it is finished. A grid
+    whose model could yet turn out to be another's (a random twin behind one not ready, a snapshot behind an
+    earlier curve variant's missing one) waits for the compare stage. Returns how many grids ran."""
+    ready = ready_variants(study, runs, steps)
+    tuned = [t for t in study.tasks if not t.feature_based]
+    tasks = {t.key: resolve_task(t.key, data_dirs or None, t.metric, flag="task") for t in tuned}
+    spaces = {t.key: space_of(study, tasks[t.key], t) for t in tuned}
+    models = models_of(study, runs, ready)
+    order = sorted(study.variants, key=lambda n: n != study.compare.baseline)  # compare's order for twins
+    fresh = [n for n in order if study.variants[n].random_init]
+    twins = same_models(models, study.compare.baseline)
+    todo = [name for name in models if name not in twins
+            and (name not in fresh or all(n in models for n in fresh[:fresh.index(name)]))]
+    ran = 0
+
+    def log(line: str) -> None:
+        if progress is not None and not worker:
+            progress.stage("compare", f"early, while {', '.join(n for n in study.pretrained if n not in ready)} "
+                           f"pre-train: {line.split(': ', 1)[-1]}")
+
+    for key, task in tasks.items():
+        for name in todo:
+            model = models[name]
+            log(f"compare: {key} with {name} ({model.model})")
+            grid_scores(task, model, spaces[key], grid_folder(out / "compare", task, model), storage,
+                        study.compare.max_seq_length, None, FINE_TUNING)
+            ran += 1
+    curve_tasks = {key: resolve_task(key, data_dirs or None, flag="task") for key in study.curve_tasks}
+    first, missing = set(), False  # curve_of's order: a point after a missing snapshot may yet be its copy
+    for name in study.curve_variants:
+        for key, task in curve_tasks.items():
+            for step in study.pretraining.checkpoints:
+                if step == steps:  # the final checkpoint: compare's grid, or its own once the run is finished
+                    if key not in tasks and name in ready:
+                        curve_grid(study, out, runs, steps, name, task, step, spaces, storage, log)
+                        ran += 1
+                    continue
+                digest = snapshot_digest(runs[name] / "snapshots" / f"step-{step}")
+                if digest is None:
+                    missing = True
+                elif (digest, key) not in first:
+                    first.add((digest, key))
+                    if not missing:
+                        curve_grid(study, out, runs, steps, name, task, step, spaces, storage, log)
+                        ran += 1
+    return ran
 
 
 def curve_of(study: Study, runs: dict[str, Path], keys: list[str], steps: int, grid, skip=lambda: None) -> dict:

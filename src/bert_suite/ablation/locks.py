@@ -56,14 +56,33 @@ def holder(path: Path) -> str:
     return f"process {found.get('pid')} on {found.get('host')} since {found.get('since')}"
 
 
+def held_elsewhere(path: Path) -> bool:
+    """Whether another process holds `path`'s lock now (taken and let go at once when free)."""
+    import fcntl
+
+    if not path.is_file():
+        return False
+    with open(path, "a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(handle, fcntl.LOCK_UN)
+    return False
+
+
 def data_lock(out: Path):
     """The data stages (squad_small, corpus, vocabulary, instances, calibration), one process at a time."""
     return file_lock(out / ".data.lock", "the data stages")
 
 
+def variant_lock_path(out: Path, name: str) -> Path:
+    return out / "pretraining" / f".{name}.lock"
+
+
 def variant_lock(out: Path, name: str):
     """A pre-trained variant's run: one process trains it, the others wait and then find it done."""
-    return file_lock(out / "pretraining" / f".{name}.lock", f"the pre-training of {name}")
+    return file_lock(variant_lock_path(out, name), f"the pre-training of {name}")
 
 
 def task_lock(out: Path, key: str, name: str):

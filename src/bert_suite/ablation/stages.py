@@ -458,15 +458,18 @@ def reused_starts(study: Study, steps: int) -> dict[str, tuple[str, int]]:
 
 
 def pretrain(study: Study, out: Path, data: dict[str, Data], steps: int, only: list[str] | None,
-             progress: Progress) -> dict[str, Path]:
+             progress: Progress, pass_held: bool = False) -> list[str]:
     """Run (or resume) the recipe for each pre-trained variant (`only`: these), one after another, each under
-    its lock: a variant another process is training is waited for, then found done."""
+    its lock: a variant another process is training is waited for, then found done; with `pass_held`, it is
+    passed over instead. Returns the variants passed over."""
     from ..pretraining.checkpoints import complete_checkpoints
     from .launch import launch_recipe, recipe_overrides
-    from .locks import variant_lock
+    from .locks import held_elsewhere, variant_lock, variant_lock_path
 
     runs = {name: out / "pretraining" / name for name in study.pretrained}
-    todo = list(only or study.pretrained)
+    held = [name for name in (only or study.pretrained) if pass_held and finished_steps(runs[name]) is None
+            and held_elsewhere(variant_lock_path(out, name))]
+    todo = [name for name in (only or study.pretrained) if name not in held]
     starts = {name: start for name, start in reused_starts(study, steps).items() if name in data and start[0] in data}
     kept: dict[str, list[int]] = {}
     for donor, step in starts.values():
@@ -498,4 +501,4 @@ def pretrain(study: Study, out: Path, data: dict[str, Data], steps: int, only: l
                 seconds = launch_recipe(overrides, out / "logs" / f"pretraining-{name}.log", run / "timing.json")
                 pace.append(seconds / max(steps - first, 1))
         progress.stage("pretraining", f"{name} done ({steps:,} steps, {minutes_of(run):.1f} minutes)")
-    return runs
+    return held
