@@ -611,7 +611,8 @@ def test_a_study_fine_tunes_what_is_ready_while_another_process_pre_trains_a_var
         process = subprocess.Popen([str(Path(sys.executable).parent / "bert-suite"), "ablation", str(study),
                                     "--output_dir", str(out)], env={**os.environ, "HF_HUB_OFFLINE": "1"},
                                    stdout=handle, stderr=subprocess.PIPE, text=True)
-        wait_for(log, "waiting for other (pre-trained by another process; 2 grids", process, 300)
+        wait_for(log, "waiting for other: pre-trained by another process", process, 300)
+        assert "(the 2 grids ready so far are done)" in log.read_text()
         assert "compare: early, while other pre-train: rte with pre" in log.read_text()
         assert [p.name for p in (out / "compare" / "rte").iterdir()] == ["pre"]
         assert [p.name for p in (out / "curve" / "rte").iterdir()] == ["pre@3"]
@@ -633,47 +634,108 @@ def test_a_study_fine_tunes_what_is_ready_while_another_process_pre_trains_a_var
     assert (out / "logs" / "pretraining-other.log").read_text().count("$ ") == 1
 
 
+def biphasic_study(tmp_path: Path, data: Path, **variants):
+    """ltr and bi (left-to-right for its first 3 of 6 steps, then MLM + NSP: ltr's first steps), each on the
+    curve; `variants`: more."""
+    return load_study(small_study(tmp_path, data, variants={
+        "ltr": {"use_nsp": False, "causal_attention": True}, "bi": {"causal_fraction": 0.5}, **variants,
+        "pre": None, "random": None}, compare={"baseline": "bi"}, curve={"variants": ["ltr", "bi"], "tasks": ["rte"]},
+        contrasts=[{"first": "bi", "second": "ltr", "label": "biphasic against ltr"}]))
+
+
 def test_early_grids_are_the_ones_the_compare_stage_would_run_with_what_is_done_already(data, tmp_path, monkeypatch):
     """While another process pre-trains a variant, the study fine-tunes what is done: compare's grid of each
-    variant whose run (or source's run) is finished, and the curve's snapshots written so far, in the compare
-    stage's folders. A snapshot that is a copy of an earlier curve variant's, one after a missing snapshot, and
-    a random twin behind one not ready are left to the compare stage (they may yet be another's grid)."""
+    variant whose run (or source's run) is finished, and the curve's snapshots that no resume can write again,
+    each with the arguments the compare stage gives it (so it finds them done). A snapshot that is a copy of an
+    earlier curve variant's, one after a missing snapshot, one past an unfinished run's last checkpoint, and a
+    random twin behind one not ready are left to the compare stage (they may yet be another's grid)."""
+    import inspect
+
+    from bert_suite import compare
     from bert_suite.ablation import finetune
 
-    study = load_study(small_study(tmp_path, data, variants={
-        "ltr": {"use_nsp": False, "causal_attention": True}, "bi": {"causal_fraction": 0.5},
-        "ltr_random": {"from": "ltr", "random_init": True}, "bi_random": {"from": "bi", "random_init": True},
-        "pre": None, "random": None},
-        compare={"baseline": "bi"}, curve={"variants": ["ltr", "bi"], "tasks": ["rte"]},
-        contrasts=[{"first": "bi", "second": "ltr", "label": "biphasic against ltr"}]))
+    study = biphasic_study(tmp_path, data, ltr_random={"from": "ltr", "random_init": True},
+                           bi_random={"from": "bi", "random_init": True})
     runs = {name: tmp_path / "pretraining" / name for name in ("ltr", "bi")}
     for folder in runs.values():
         snapshot = folder / "snapshots" / "step-3"
         snapshot.mkdir(parents=True)
         (snapshot / "config.json").write_text("{}")
         (snapshot / "model.safetensors").write_bytes(b"ltr's first steps")  # bi started from ltr's checkpoint
-    (runs["bi"] / "final").mkdir()
-    (runs["bi"] / "final" / "config.json").write_text("{}")
+    for name in ("ltr", "bi"):
+        (runs[name] / "final").mkdir()
+        (runs[name] / "final" / "config.json").write_text("{}")
+        (runs[name] / "final" / "model.safetensors").write_bytes(name.encode())
     (runs["bi"] / "pretrain_results.json").write_text(json.dumps({"step": 6}))
-    asked = []
-    monkeypatch.setattr(finetune, "grid_scores", lambda task, model, space, folder, *rest: asked.append(
-        (model.name, str(folder.relative_to(tmp_path)))))
-    assert finetune.ready_variants(study, runs, 6) == ["bi", "bi_random"]
-    # bi through compare's grid; bi_random waits (ltr_random, listed first, may have its files and take the grid),
-    # ltr's snapshot on the curve (bi's is its copy), bi's last step is compare's grid, ltr is not finished
-    assert finetune.early_grids(study, tmp_path, runs, 6, study.compare.data_dirs, None, None) == 2
-    assert asked == [("bi", "compare/rte/bi"), ("ltr@3", "curve/rte/ltr@3")]
+    asked, signature = [], inspect.signature(compare.grid_scores)
 
-    asked.clear()  # ltr's snapshot not written yet: bi's might turn out to be its copy, so it waits
-    (runs["ltr"] / "snapshots" / "step-3" / "model.safetensors").unlink()
-    assert finetune.early_grids(study, tmp_path, runs, 6, study.compare.data_dirs, None, None) == 1
+    def grid_scores(*args, **kwargs):  # every argument, as the grid's study name and folder derive from them
+        call = signature.bind(*args, **kwargs)
+        call.apply_defaults()
+        given = dict(call.arguments)
+        asked.append((given.pop("model").model, str(given.pop("folder").relative_to(tmp_path)), given.pop("task").key,
+                      json.dumps(given, sort_keys=True, default=str)))
+        return {(3e-3, 16, 3): {1: 0.6, 2: 0.7}}
+
+    monkeypatch.setattr(finetune, "grid_scores", grid_scores)
+    monkeypatch.setattr(compare, "grid_scores", grid_scores)
+    for module, function in ((finetune, "check_tasks"), (compare, "vocabulary_of"), (compare, "write_outputs")):
+        monkeypatch.setattr(module, function, lambda *args: None)  # the fake checkpoints have no tokenizer
+
+    def early(grids: int) -> list[str]:
+        asked.clear()
+        assert finetune.early_grids(study, tmp_path, runs, 6, study.compare.data_dirs, None, None) == grids
+        return [folder for _, folder, _, _ in asked]
+
+    assert finetune.ready_variants(study, runs, 6) == ["bi", "bi_random"]
+    # bi through compare's grid; bi_random waits (ltr_random, listed first, may have its files and take the
+    # grid); ltr's snapshot is past its last checkpoint (none yet), bi's is ltr's copy; bi's last step is compare's
+    assert early(1) == ["compare/rte/bi"]
+    (runs["ltr"] / "checkpoints" / "step-4").mkdir(parents=True)
+    (runs["ltr"] / "checkpoints" / "step-4" / "progress.json").write_text("{}")  # a resume starts past step 3
+    assert early(2) == ["compare/rte/bi", "curve/rte/ltr@3"]
+    (runs["ltr"] / "snapshots" / "step-3" / "model.safetensors").unlink()  # not written: bi's may be its copy
+    assert early(1) == ["compare/rte/bi"]
     (runs["ltr"] / "pretrain_results.json").write_text(json.dumps({"step": 6}))  # ltr finished: all of it is ready
-    (runs["ltr"] / "final").mkdir()
-    (runs["ltr"] / "final" / "config.json").write_text("{}")
     (runs["ltr"] / "snapshots" / "step-3" / "model.safetensors").write_bytes(b"ltr's first steps")
+    assert early(4) == ["compare/rte/ltr", "compare/rte/bi", "compare/rte/ltr_random", "curve/rte/ltr@3"]
+    early_calls = set(asked)  # the twins' files are alike: one grid; bi's snapshot is ltr's
     asked.clear()
-    assert finetune.early_grids(study, tmp_path, runs, 6, study.compare.data_dirs, None, None) == 4
-    assert [name for name, _ in asked] == ["ltr", "bi", "ltr_random", "ltr@3"]  # the twins' files are alike: one grid
+    finetune.fine_tune(study, tmp_path, runs, 6, study.compare.data_dirs, None, None)
+    assert set(asked) == early_calls  # the compare stage's grids, argument for argument
+
+
+def test_a_run_that_does_not_wait_passes_over_a_variant_held_elsewhere_and_one_starting_from_its_checkpoint(
+        data, tmp_path, monkeypatch):
+    """With ltr pre-trained by another process, bi (whose first steps are ltr's) is passed over too until ltr's
+    checkpoint at the switch is written: taken at once, it would train those steps again. Then it starts there."""
+    from bert_suite.ablation import launch, stages
+    from bert_suite.ablation.locks import variant_lock
+
+    study, out = biphasic_study(tmp_path, data), tmp_path / "out"
+    launched = []
+    monkeypatch.setattr(launch, "recipe_overrides", lambda study, name, data, run, steps: {
+        "output_dir": str(run), "max_steps": steps, "snapshot_steps": "3", "train_data": "-", "tokenizer": "-",
+        "warmup_steps": 0, "phase1_fraction": 1})
+    monkeypatch.setattr(launch, "launch_recipe", lambda overrides, log, timing: launched.append(
+        (Path(overrides["output_dir"]).name, overrides.get("start_from_checkpoint"))) or 1.0)
+
+    class Quiet(stages.Progress):
+        def stage(self, name, text):
+            pass
+
+    data_of = {"ltr": None, "bi": None}
+    with variant_lock(out, "ltr"):
+        assert stages.pretrain(study, out, data_of, 6, None, Quiet(), pass_held=True) == ["ltr", "bi"]
+        assert launched == []
+        checkpoint = out / "pretraining" / "ltr" / "checkpoints" / "step-3"
+        checkpoint.mkdir(parents=True)
+        (checkpoint / "progress.json").write_text("{}")
+        snapshot = out / "pretraining" / "ltr" / "snapshots" / "step-3"
+        snapshot.mkdir(parents=True)
+        (snapshot / "config.json").write_text("{}")
+        assert stages.pretrain(study, out, data_of, 6, None, Quiet(), pass_held=True) == ["ltr"]
+        assert launched == [("bi", checkpoint)]
 
 
 @pytest.mark.slow  # two pre-trainings and the GPU route's three commands (about a minute): make test-all

@@ -25,15 +25,17 @@ from pathlib import Path
 
 from .finetune import check_study_tasks, early_grids, fine_tune, fine_tuning_checkpoint
 from .launch import TIMING_EVERY, helpers_running, launch_recipe, stopping
-from .locks import data_lock, held_elsewhere, variant_lock_path
+from .locks import data_lock
 from .record import contrasts_of, pretraining_record, write_record
 from .stages import (
     Progress,
     build_data,
     finished_steps,
     minutes_of,
+    passed_over,
     plan_steps,
     pretrain,
+    reused_starts,
     task_data,
 )
 from .study import AblationError, Study, load_study
@@ -79,9 +81,10 @@ def run_ablation(path: str | Path, output_dir: str | Path, until: str = "compare
             # other processes pre-train these: fine-tune what is ready meanwhile, then wait for one of them
             with helpers_running(path, out, workers, storage):
                 ran = early_grids(study, out, runs, steps, data_dirs, storage, progress)
-            progress.stage("pretraining", f"waiting for {', '.join(held)} (pre-trained by another process"
-                           f"{'; ' + str(ran) + ' grids of the variants ready were fine-tuned meanwhile' if ran else ''})")
-            while all(held_elsewhere(variant_lock_path(out, name)) for name in held):
+            progress.stage("pretraining", f"waiting for {', '.join(held)}: pre-trained by another process, or starting "
+                           "from the checkpoint of one" + (f" (the {ran} grids ready so far are done)" if ran else ""))
+            starts = reused_starts(study, steps)
+            while all(passed_over(out, name, starts) for name in held):
                 time.sleep(WAIT_POLL)
         if only:
             left = [n for n in study.pretrained if finished_steps(runs[n]) is None]

@@ -158,6 +158,15 @@ def curve_grid(study: Study, out: Path, runs: dict[str, Path], steps: int, name:
                               FINE_TUNING)
 
 
+def kept_past(run: Path, step: int) -> bool:
+    """Whether an unfinished run has a complete checkpoint at `step` or later: a resume starts there, so its
+    snapshot of `step` is never written again (written before the checkpoint that follows, it would be by a
+    run stopped in between, and on another device or thread count perhaps with other bytes)."""
+    from ..pretraining.checkpoints import complete_checkpoints
+
+    return any(int(c.name.split("-")[1]) >= step for c in complete_checkpoints(run / "checkpoints"))
+
+
 def ready_variants(study: Study, runs: dict[str, Path], steps: int) -> list[str]:
     """The variants whose fine-tuning can start, in the file's order: a pre-trained one whose run is finished, a
     fine-tuning-only one whose source's is."""
@@ -173,7 +182,8 @@ def early_grids(study: Study, out: Path, runs: dict[str, Path], steps: int, data
     the folders the compare stage will use (it then finds them done): compare's for each variant ready
     (`ready_variants`), and the curve's for each snapshot written, a run's last step once it is finished. A grid
     whose model could yet turn out to be another's (a random twin behind one not ready, a snapshot behind an
-    earlier curve variant's missing one) waits for the compare stage. Returns how many grids ran."""
+    earlier curve variant's missing one) waits for the compare stage, and so does the snapshot of an unfinished
+    run past its last checkpoint (`kept_past`). Returns how many grids it went through (done ones included)."""
     ready = ready_variants(study, runs, steps)
     tuned = [t for t in study.tasks if not t.feature_based]
     tasks = {t.key: resolve_task(t.key, data_dirs or None, t.metric, flag="task") for t in tuned}
@@ -209,13 +219,15 @@ def early_grids(study: Study, out: Path, runs: dict[str, Path], steps: int, data
                         ran += 1
                     continue
                 digest = snapshot_digest(runs[name] / "snapshots" / f"step-{step}")
-                if digest is None:
-                    missing = True
-                elif (digest, key) not in first:
-                    first.add((digest, key))
-                    if not missing:
-                        curve_grid(study, out, runs, steps, name, task, step, spaces, storage, log)
-                        ran += 1
+                if digest is not None and (digest, key) in first:
+                    continue  # a copy of one fine-tuned here: the compare stage takes that point
+                if digest is None or not (name in ready or kept_past(runs[name], step)):
+                    missing = True  # not written, or a resume could write it again: not yet
+                    continue
+                first.add((digest, key))
+                if not missing:
+                    curve_grid(study, out, runs, steps, name, task, step, spaces, storage, log)
+                    ran += 1
     return ran
 
 

@@ -457,20 +457,38 @@ def reused_starts(study: Study, steps: int) -> dict[str, tuple[str, int]]:
     return found
 
 
+def passed_over(out: Path, name: str, starts: dict[str, tuple[str, int]]) -> bool:
+    """Whether a run that does not wait (`pretrain`'s `pass_held`) leaves the unfinished variant `name` for now:
+    another process pre-trains it, or it starts from the checkpoint of a variant another process pre-trains
+    (`starts`: `reused_starts`) that is not written yet (taken now, it would train those steps again)."""
+    from ..pretraining.checkpoints import complete_checkpoints
+    from .locks import held_elsewhere, variant_lock_path
+
+    run = out / "pretraining" / name
+    if finished_steps(run) is not None:
+        return False
+    if held_elsewhere(variant_lock_path(out, name)):
+        return True
+    if name not in starts or complete_checkpoints(run / "checkpoints"):  # none, or it has begun its own steps
+        return False
+    donor, step = starts[name]
+    return (held_elsewhere(variant_lock_path(out, donor))
+            and not (out / "pretraining" / donor / "checkpoints" / f"step-{step}" / "progress.json").is_file())
+
+
 def pretrain(study: Study, out: Path, data: dict[str, Data], steps: int, only: list[str] | None,
              progress: Progress, pass_held: bool = False) -> list[str]:
     """Run (or resume) the recipe for each pre-trained variant (`only`: these), one after another, each under
     its lock: a variant another process is training is waited for, then found done; with `pass_held`, it is
-    passed over instead. Returns the variants passed over."""
+    passed over instead (`passed_over`). Returns the variants passed over."""
     from ..pretraining.checkpoints import complete_checkpoints
     from .launch import launch_recipe, recipe_overrides
-    from .locks import held_elsewhere, variant_lock, variant_lock_path
+    from .locks import variant_lock
 
     runs = {name: out / "pretraining" / name for name in study.pretrained}
-    held = [name for name in (only or study.pretrained) if pass_held and finished_steps(runs[name]) is None
-            and held_elsewhere(variant_lock_path(out, name))]
-    todo = [name for name in (only or study.pretrained) if name not in held]
     starts = {name: start for name, start in reused_starts(study, steps).items() if name in data and start[0] in data}
+    held = [name for name in (only or study.pretrained) if pass_held and passed_over(out, name, starts)]
+    todo = [name for name in (only or study.pretrained) if name not in held]
     kept: dict[str, list[int]] = {}
     for donor, step in starts.values():
         kept.setdefault(donor, []).append(step)
