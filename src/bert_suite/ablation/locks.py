@@ -62,7 +62,7 @@ def held_elsewhere(path: Path) -> bool:
 
     if not path.is_file():
         return False
-    with open(path, "a+") as handle:
+    with open(path, "rb") as handle:  # read only: flock needs no write access, and nothing is written
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
