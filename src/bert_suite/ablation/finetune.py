@@ -74,6 +74,13 @@ def space_of(study: Study, task: Task, entry: TaskEntry | None) -> dict:
     return grid_space(task, study.compare.seeds, **axes)
 
 
+def tuned_tasks(study: Study, data_dirs: list) -> tuple[dict[str, Task], dict[str, dict]]:
+    """The tasks fine-tuned through compare's grids (not the feature-based ones) and each one's grid."""
+    tuned = [t for t in study.tasks if not t.feature_based]
+    tasks = {t.key: resolve_task(t.key, data_dirs or None, t.metric, flag="task") for t in tuned}
+    return tasks, {t.key: space_of(study, tasks[t.key], t) for t in tuned}
+
+
 def check_study_tasks(study: Study, data_dirs: list, data: dict) -> None:
     """Before any pre-training: every compared task's train split reads, its label count fits, and its first
     examples encode at the study's length with each vocabulary a variant uses (a SQuAD window shorter than its
@@ -94,18 +101,16 @@ def fine_tune(study: Study, out: Path, runs: dict[str, Path], steps: int, data_d
     """`compare` of every variant (OUT/compare), the feature-based route (not in a `worker`), then the curve's
     grids (OUT/curve): compare.json's content and {variant: {task: [{step, mean, se, scores}]}}."""
     models = models_of(study, runs)
-    tuned = [t for t in study.tasks if not t.feature_based]
-    tasks = {t.key: resolve_task(t.key, data_dirs or None, t.metric, flag="task") for t in tuned}
+    tasks, spaces = tuned_tasks(study, data_dirs)
     max_len = study.compare.max_seq_length
     try:
         check_tasks(tasks, next(iter(models.values())), max_len)
     except CompareError as err:
         raise AblationError(f"{study.path}: compare: {err}") from None
-    spaces = {t.key: space_of(study, tasks[t.key], t) for t in tuned}
     seeds = study.compare.seeds
     checkpoints = study.pretraining.checkpoints
     total = len(tasks) * len(models) + len(study.curve_variants) * len(study.curve_tasks) * len(checkpoints) \
-        + (len(study.tasks) - len(tuned)) * len(models)
+        + (len(study.tasks) - len(tasks)) * len(models)
     clock = {"done": 0, "started": time.time()}
 
     def log(line: str) -> None:
@@ -185,9 +190,7 @@ def early_grids(study: Study, out: Path, runs: dict[str, Path], steps: int, data
     earlier curve variant's missing one) waits for the compare stage, and so does the snapshot of an unfinished
     run past its last checkpoint (`kept_past`). Returns how many grids it went through (done ones included)."""
     ready = ready_variants(study, runs, steps)
-    tuned = [t for t in study.tasks if not t.feature_based]
-    tasks = {t.key: resolve_task(t.key, data_dirs or None, t.metric, flag="task") for t in tuned}
-    spaces = {t.key: space_of(study, tasks[t.key], t) for t in tuned}
+    tasks, spaces = tuned_tasks(study, data_dirs)
     models = models_of(study, runs, ready)
     order = sorted(study.variants, key=lambda n: n != study.compare.baseline)  # compare's order for twins
     fresh = [n for n in order if study.variants[n].random_init]
