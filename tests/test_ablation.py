@@ -613,7 +613,7 @@ def test_a_study_fine_tunes_what_is_ready_while_another_process_pre_trains_a_var
                                    stdout=handle, stderr=subprocess.PIPE, text=True)
         wait_for(log, "waiting for other: pre-trained by another process", process, 300)
         assert "(the 2 grids ready so far are done)" in log.read_text()
-        assert "compare: early, while other pre-train: rte with pre" in log.read_text()
+        assert "compare: early, while other pre-trains: rte with pre" in log.read_text()
         assert [p.name for p in (out / "compare" / "rte").iterdir()] == ["pre"]
         assert [p.name for p in (out / "curve" / "rte").iterdir()] == ["pre@3"]
         assert not (out / "pretraining" / "other").exists()

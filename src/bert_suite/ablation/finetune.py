@@ -201,8 +201,9 @@ def early_grids(study: Study, out: Path, runs: dict[str, Path], steps: int, data
 
     def log(line: str) -> None:
         if progress is not None and not worker:
-            progress.stage("compare", f"early, while {', '.join(n for n in study.pretrained if n not in ready)} "
-                           f"pre-train: {line.split(': ', 1)[-1]}")
+            waiting = [n for n in study.pretrained if n not in ready]
+            progress.stage("compare", f"early, while {', '.join(waiting)} pre-train{'s' * (len(waiting) == 1)}: "
+                           f"{line.split(': ', 1)[-1]}")
 
     for key, task in tasks.items():
         for name in todo:
