@@ -830,3 +830,32 @@ def test_variants_that_differ_in_data_build_their_own_stages_share_the_rest_and_
     assert run_config["train_data"] == str(out / "instances@general" / "32")
     assert "## Data" in (out / "ablation.md").read_text()
     assert set(record["contrasts"]["what the task texts add"]) == {"rte"}
+
+
+def test_the_figure_draws_each_variant_in_its_bars_colour_and_curves_with_equal_points_both_in_view(tmp_path,
+                                                                                                    monkeypatch):
+    """A biphasic variant's first curve points are its donor's: drawn the same way, one line hid the other,
+    and the curve panels took colours in their own order, not the bars'."""
+    from matplotlib.colors import to_hex
+
+    from bert_suite.ablation import record as record_module
+
+    def entry(mean):
+        return {"mean": mean, "se": 0.5, "scores": [mean] * 3, "setting": {}}
+
+    models = ["a", "b", "c"]
+    record = {"models": {m: {} for m in models}, "seeds": [1, 2, 3],
+              "tasks": {"rte": {"metric": "accuracy", "models": {m: entry(50.0 + k) for k, m in enumerate(models)}}},
+              "curve": {"c": {"rte": [{"step": 5, "mean": 50.0, "se": 0.5}, {"step": 10, "mean": 52.0, "se": 0.5}]},
+                        "b": {"rte": [{"step": 5, "mean": 50.0, "se": 0.5}, {"step": 10, "mean": 51.0, "se": 0.5}]}}}
+    figures = []
+    monkeypatch.setattr(record_module, "save_figure", lambda fig, path: figures.append(fig) or path)
+    record_module.plot(record, tmp_path / "ablation.png")
+    bar_axes, curve_axes = figures[0].axes
+    bar_colour = {container.get_label(): to_hex(container.patches[0].get_facecolor())
+                  for container in bar_axes.containers if container.get_label() in models}
+    lines = {c.get_label(): c.lines[0] for c in curve_axes.containers if c.get_label() in models}  # errorbar's
+    assert set(lines) == {"b", "c"}
+    assert {name: to_hex(line.get_color()) for name, line in lines.items()} == {n: bar_colour[n] for n in lines}
+    assert lines["c"].get_linestyle() != lines["b"].get_linestyle()
+    assert lines["c"].get_markersize() != lines["b"].get_markersize()

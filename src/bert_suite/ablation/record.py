@@ -173,13 +173,16 @@ def plot(record: dict, path: Path) -> Path:
     fig = Figure(figsize=(width + 4.2 * len(curve_tasks), 4.2), layout="constrained")
     grid = fig.add_gridspec(1, 1 + len(curve_tasks), width_ratios=[width] + [4.2] * len(curve_tasks))
     bars(fig.add_subplot(grid[0, 0]), record)
+    models = list(record["models"])
     for i, key in enumerate(curve_tasks, start=1):
         ax = fig.add_subplot(grid[0, i])
-        for name, by_task in record["curve"].items():
-            if key in by_task:
+        for j, (name, by_task) in enumerate(record["curve"].items()):
+            if key in by_task:  # its bars' colour; shrinking markers and other dashes keep equal points in view
                 points = by_task[key]
                 ax.errorbar([p["step"] for p in points], [p["mean"] for p in points],
-                            yerr=[p["se"] or 0 for p in points], marker="o", capsize=3, label=name)
+                            yerr=[p["se"] or 0 for p in points], marker="osD^v"[j % 5], markersize=max(3, 8 - 2 * j),
+                            linestyle=("-", "--", ":", "-.")[j % 4], capsize=3, label=name,
+                            color=f"C{models.index(name)}" if name in models else None)
         steps = sorted({p["step"] for by_task in record["curve"].values() for p in by_task.get(key, [])})
         ax.set_xscale("log")
         ax.minorticks_off()
