@@ -431,7 +431,7 @@ def bars(ax, result: dict) -> None:
         means = [result["tasks"][t]["models"][name]["mean"] for t in tasks]
         errors = [result["tasks"][t]["models"][name]["se"] or 0 for t in tasks]
         ax.bar([k + (i - (len(models) - 1) / 2) * width for k in range(len(tasks))], means, width, yerr=errors,
-               capsize=2, label=name)
+               capsize=2, label=name, color=f"C{i}")  # model i's colour: an ablation's curve panels take it too
     ax.set_xticks(range(len(tasks)), labels=[textwrap.fill(f"{t} ({result['tasks'][t]['metric']})", 14)
                                              for t in tasks])
     ax.set(ylabel="dev score (0-100)", title=f"mean ± SE over {len(result['seeds'])} seeds")

@@ -177,12 +177,12 @@ def plot(record: dict, path: Path) -> Path:
     for i, key in enumerate(curve_tasks, start=1):
         ax = fig.add_subplot(grid[0, i])
         for j, (name, by_task) in enumerate(record["curve"].items()):
-            if key in by_task:  # its bars' colour; shrinking markers and other dashes keep equal points in view
+            if key in by_task:  # its bars' colour (a curve variant is compared); shrinking markers and other dashes keep equal points in view
                 points = by_task[key]
                 ax.errorbar([p["step"] for p in points], [p["mean"] for p in points],
                             yerr=[p["se"] or 0 for p in points], marker="osD^v"[j % 5], markersize=max(3, 8 - 2 * j),
                             linestyle=("-", "--", ":", "-.")[j % 4], capsize=3, label=name,
-                            color=f"C{models.index(name)}" if name in models else None)
+                            color=f"C{models.index(name)}")
         steps = sorted({p["step"] for by_task in record["curve"].values() for p in by_task.get(key, [])})
         ax.set_xscale("log")
         ax.minorticks_off()
