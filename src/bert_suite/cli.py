@@ -566,7 +566,7 @@ def _ablation(args: argparse.Namespace, rest: list[str]) -> None:
     command = shlex.join(words)
     try:
         run_ablation(args.study, args.output_dir, args.until, args.variant, args.workers, args.storage,
-                     args.results_dir, args.worker, command)
+                     args.results_dir, args.worker, command, args.pretraining_seeds)
     except Stopped as stop:  # SIGTERM or SIGHUP: everything it started is stopped; rerun the command to resume
         print(f"bert-suite ablation: {stop}; rerun `{command}` to resume", file=sys.stderr)
         raise SystemExit(stop.code) from None

@@ -403,6 +403,9 @@ def build_parser() -> argparse.ArgumentParser:
     abl.add_argument("--variant", nargs="+", metavar="NAME", help="pre-train only these variants, then stop (one "
                      "machine or GPU per variant, sharing --output_dir: a variant another process trains is waited "
                      "for, not trained twice; rerun without it to fine-tune)")
+    abl.add_argument("--pretraining_seeds", nargs="+", type=int, metavar="SEED", help="with pretraining.seeds: "
+                     "pre-train only these seeds (of --variant, or of every variant), then stop: one core or GPU per "
+                     "run")
     abl.add_argument("--workers", type=int, default=1, help="processes sharing the fine-tuning grids, each with its "
                      "share of the cores (default: 1)")
     abl.add_argument("--storage", help="Optuna storage URL shared by every worker, as compare's (default: grid.db in "

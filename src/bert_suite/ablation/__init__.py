@@ -35,7 +35,7 @@ from .stages import (
     passed_over,
     plan_steps,
     pretrain,
-    reused_starts,
+    run_starts,
     task_data,
 )
 from .study import AblationError, Study, load_study
@@ -48,14 +48,22 @@ __all__ = ["TIMING_EVERY", "AblationError", "Study", "contrasts_of", "fine_tunin
 
 def run_ablation(path: str | Path, output_dir: str | Path, until: str = "compare", only: list[str] | None = None,
                  workers: int = 1, storage: str | None = None, results_dir: str | Path | None = None,
-                 worker: bool = False, command: str = "") -> dict | None:
-    """Run (or resume) the study in `output_dir`; returns the record (None when it stops before it). SIGTERM
-    and SIGHUP stop it as Ctrl-C does, with everything it started."""
+                 worker: bool = False, command: str = "", seeds: list[int] | None = None) -> dict | None:
+    """Run (or resume) the study in `output_dir`; returns the record (None when it stops before it). `only`,
+    `seeds`: pre-train these variants (at these of their seeds) and stop. SIGTERM and SIGHUP stop it as Ctrl-C
+    does, with everything it started."""
     study = load_study(path)
     for name in only or []:
         if name not in study.variants or study.variants[name].source is not None:
             raise AblationError(f"--variant {name}: not a pre-trained variant of {study.path}; expected one of "
                                 f"{', '.join(study.pretrained)}")
+    if seeds:
+        only = only or study.pretrained
+        for seed in seeds:
+            if not any(seed in study.seeds_of(name) for name in only):
+                raise AblationError(f"--pretraining_seeds {seed}: not a pre-training seed of {', '.join(only)} in "
+                                    f"{study.path}; expected one of "
+                                    f"{', '.join(map(str, dict.fromkeys(s for n in only for s in study.seeds_of(n))))}")
     if workers < 1:
         raise AblationError(f"--workers {workers}: expected at least 1")
     out = Path(output_dir).resolve()
@@ -68,6 +76,7 @@ def run_ablation(path: str | Path, output_dir: str | Path, until: str = "compare
                               only if study.pretraining.steps is not None else None)
             check_study_tasks(study, data_dirs, data)
             steps = plan_steps(study, out, data, progress)
+        every = {run.name: out / "pretraining" / run.name for run in study.runs()}
         runs = {name: out / "pretraining" / name for name in study.pretrained}
         if worker:  # a --workers helper: the grids only (those ready, while others still pre-train)
             if all(finished_steps(run) == steps for run in runs.values()):
@@ -77,19 +86,21 @@ def run_ablation(path: str | Path, output_dir: str | Path, until: str = "compare
             return None
         for key, why in study.left_out.items():
             progress.stage("compare", f"left out: {key} (optional: {why})")
-        while held := pretrain(study, out, data, steps, only, progress, pass_held=not only and until == "compare"):
+        while held := pretrain(study, out, data, steps, only, progress, pass_held=not only and until == "compare",
+                               seeds=seeds):
             # other processes pre-train these: fine-tune what is ready meanwhile, then wait for one of them
             with helpers_running(path, out, workers, storage):
                 ran = early_grids(study, out, runs, steps, data_dirs, storage, progress)
             progress.stage("pretraining", f"waiting for {', '.join(held)}: pre-trained by another process, or starting "
                            "from the checkpoint of one" + (f" (the {ran} grids ready so far are done)" if ran else ""))
-            starts = reused_starts(study, steps)
+            starts = run_starts(study, steps)
             while all(passed_over(out, name, starts) for name in held):
                 time.sleep(WAIT_POLL)
         if only:
-            left = [n for n in study.pretrained if finished_steps(runs[n]) is None]
-            progress.stage("pretraining", f"{', '.join(only)} done" + (
-                f"; not yet pre-trained: {', '.join(left)}" if left else "; every variant is pre-trained"))
+            left = [n for n, run in every.items() if finished_steps(run) is None]
+            done = [r.name for r in study.runs(only, seeds)]
+            progress.stage("pretraining", f"{', '.join(done)} done" + (
+                f"; not yet pre-trained: {', '.join(left)}" if left else "; every run is pre-trained"))
             return None
         facts = pretraining_record(study, runs, data, steps)
         if until == "pretraining":

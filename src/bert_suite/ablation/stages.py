@@ -457,10 +457,23 @@ def reused_starts(study: Study, steps: int) -> dict[str, tuple[str, int]]:
     return found
 
 
+def run_starts(study: Study, steps: int) -> dict[str, tuple[str, int]]:
+    """`reused_starts` per run: {run name: (the donor's run at the same seed, step)}; a seed the donor does not
+    pre-train has no start (the run trains those steps itself)."""
+    found = {}
+    for run in study.runs():
+        if run.variant in (starts := reused_starts(study, steps)):
+            donor, step = starts[run.variant]
+            donor_run = next((r for r in study.runs([donor]) if r.seed == run.seed), None)
+            if donor_run is not None:
+                found[run.name] = (donor_run.name, step)
+    return found
+
+
 def passed_over(out: Path, name: str, starts: dict[str, tuple[str, int]]) -> bool:
-    """Whether a run that does not wait (`pretrain`'s `pass_held`) leaves the unfinished variant `name` for now:
-    another process pre-trains it, or it starts from the checkpoint of a variant another process pre-trains
-    (`starts`: `reused_starts`) that is not written yet (taken now, it would train those steps again)."""
+    """Whether a run that does not wait (`pretrain`'s `pass_held`) leaves the unfinished run `name` for now:
+    another process pre-trains it, or it starts from the checkpoint of a run another process pre-trains
+    (`starts`: `run_starts`) that is not written yet (taken now, it would train those steps again)."""
     from ..pretraining.checkpoints import complete_checkpoints
     from .locks import held_elsewhere, variant_lock_path
 
@@ -477,25 +490,30 @@ def passed_over(out: Path, name: str, starts: dict[str, tuple[str, int]]) -> boo
 
 
 def pretrain(study: Study, out: Path, data: dict[str, Data], steps: int, only: list[str] | None,
-             progress: Progress, pass_held: bool = False) -> list[str]:
-    """Run (or resume) the recipe for each pre-trained variant (`only`: these), one after another, each under
-    its lock: a variant another process is training is waited for, then found done; with `pass_held`, it is
-    passed over instead (`passed_over`). Returns the variants passed over."""
+             progress: Progress, pass_held: bool = False, seeds: list[int] | None = None) -> list[str]:
+    """Run (or resume) the recipe for each pre-training (`Study.runs`: every pre-trained variant at each of its
+    seeds; `only`, `seeds`: these), one after another, each under its lock: a run another process is training
+    is waited for, then found done; with `pass_held`, it is passed over instead (`passed_over`). Returns the runs
+    passed over."""
     from ..pretraining.checkpoints import complete_checkpoints
     from .launch import launch_recipe, recipe_overrides
     from .locks import variant_lock
 
-    runs = {name: out / "pretraining" / name for name in study.pretrained}
-    starts = {name: start for name, start in reused_starts(study, steps).items() if name in data and start[0] in data}
-    held = [name for name in (only or study.pretrained) if pass_held and passed_over(out, name, starts)]
-    todo = [name for name in (only or study.pretrained) if name not in held]
+    chosen = {run.name: run for run in study.runs(only, seeds)}
+    every = {run.name: run for run in study.runs()}
+    paths = {name: out / "pretraining" / name for name in every}
+    starts = {name: start for name, start in run_starts(study, steps).items()
+              if all(every[r].variant in data for r in (name, start[0]))}
+    held = [name for name in chosen if pass_held and passed_over(out, name, starts)]
+    todo = [name for name in chosen if name not in held]
     kept: dict[str, list[int]] = {}
     for donor, step in starts.values():
         kept.setdefault(donor, []).append(step)
     pace = []  # seconds per step of the runs finished in this process
     for number, name in enumerate(todo):
-        run = runs[name]
-        overrides = recipe_overrides(study, name, data[name], run, steps)
+        run, seed = paths[name], chosen[name].seed
+        overrides = recipe_overrides(study, chosen[name].variant, data[chosen[name].variant], run, steps,
+                                     **({"seed": seed} if study.seeded(chosen[name].variant) else {}))
         if name in kept:
             overrides["keep_checkpoints"] = ",".join(map(str, sorted(kept[name])))
         recorded = {k: v for k, v in overrides.items() if k not in UNRECORDED}
@@ -513,7 +531,7 @@ def pretrain(study: Study, out: Path, data: dict[str, Data], steps: int, only: l
                 found = complete_checkpoints(run / "checkpoints")
                 first = int(found[-1].name.split("-")[1]) if found else 0  # where the recipe resumes
                 if name in starts and not found:  # (again, if it was stopped before its own first checkpoint)
-                    start = reused_start(name, *starts[name], runs, overrides, progress)
+                    start = reused_start(name, *starts[name], paths, overrides, progress)
                     if start is not None:
                         overrides["start_from_checkpoint"], first = start, starts[name][1]
                 seconds = launch_recipe(overrides, out / "logs" / f"pretraining-{name}.log", run / "timing.json")

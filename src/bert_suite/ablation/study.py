@@ -20,7 +20,7 @@ SECTIONS = {  # key -> its keys (None: free text; pretraining also takes the rec
     "corpus": ("files", "task_texts", "task_documents", "decontaminate"),
     "vocabulary": ("vocab_size", "lowercase", "vocab_file"),
     "instances": ("max_seq_length", "dupe_factor", "balance_nsp", "phase2_length", "phase2_fraction"),
-    "pretraining": ("steps", "minutes", "checkpoints", "warmup_fraction"),
+    "pretraining": ("steps", "minutes", "checkpoints", "warmup_fraction", "seeds"),
     "variants": (),
     "compare": ("baseline", "seeds", "tasks", "learning_rates", "batch_sizes", "epochs", "max_seq_length", "data_dir"),
     "curve": ("variants", "tasks"),
@@ -78,6 +78,7 @@ class Pretraining:
     minutes: float | None
     checkpoints: list[int]
     warmup_fraction: float | None
+    seeds: list[int] | None = None  # `seeds`: one pre-training per seed (None: the recipe's one `seed`)
 
 
 @dataclass(kw_only=True)
@@ -85,6 +86,7 @@ class Variant:
     name: str
     recipe: dict = field(default_factory=dict)  # the recipe keys in which a pre-trained variant differs
     source: str | None = None  # `from`: a fine-tuning-only variant of this pre-trained one
+    seeds: list[int] | None = None  # its own pre-training seeds, where they differ from the study's
     random_init: bool = False
     bilstm: bool = False
     # a pre-trained variant's own data, where it differs from the study's (None: the study's)
@@ -152,6 +154,30 @@ class Study:
         """The recipe keys of a pre-trained variant: the shared ones, then its own."""
         return {**self.pretraining.recipe, **self.variants[name].recipe}
 
+    def seeds_of(self, name: str) -> list[int]:
+        """The pre-training seeds of a variant (a fine-tuning-only one: its source's): its own `seeds`, the
+        study's, or the one `seed` of the recipe (42 where none is given)."""
+        source = self.variants[name].source or name
+        from ..pretraining.config import PretrainConfig
+
+        return self.variants[source].seeds or self.pretraining.seeds or [
+            int(self.recipe_of(source).get("seed", PretrainConfig.seed))]
+
+    def seeded(self, name: str) -> bool:
+        """Whether the file lists the variant's seeds (`seeds`): each run then names its seed to the recipe."""
+        source = self.variants[name].source or name
+        return bool(self.variants[source].seeds or self.pretraining.seeds)
+
+    def runs(self, names: list[str] | None = None, seeds: list[int] | None = None) -> list[Run]:
+        """The pre-trainings of the pre-trained variants (or of `names`; of `seeds` alone where given), seed by
+        seed: every variant's first seed, then every variant's second, ... (a whole table at each seed as soon
+        as it can be)."""
+        chosen = [n for n in self.pretrained if names is None or n in names]
+        rows = max((len(self.seeds_of(n)) for n in chosen), default=0)
+        return [Run(name, self.seeds_of(name)[k], run_name(name, self.seeds_of(name), self.seeds_of(name)[k]))
+                for k in range(rows) for name in chosen
+                if k < len(self.seeds_of(name)) and (seeds is None or self.seeds_of(name)[k] in seeds)]
+
     def data_of(self, name: str) -> tuple[Corpus, Vocabulary, Instances]:
         """The corpus, vocabulary and instances a variant pre-trains on (a fine-tuning-only one: its source's)."""
         variant = self.variants[self.variants[name].source or name]
@@ -170,6 +196,20 @@ class Study:
     @property
     def stem(self) -> str:
         return self.path.stem
+
+
+@dataclass(frozen=True)
+class Run:
+    """One pre-training: a variant at one seed, in OUT/pretraining/NAME (`run_name`)."""
+    variant: str
+    seed: int
+    name: str
+
+
+def run_name(variant: str, seeds: list[int], seed: int) -> str:
+    """The folder (and stage, lock and compare model) name of a variant's run at `seed`: the variant's name for its
+    first seed, so a one-seed study's runs stay that seed's when seeds are added, and NAME.seedS for the others."""
+    return variant if seed == seeds[0] else f"{variant}.seed{seed}"
 
 
 def load_study(path: str | Path) -> Study:
@@ -402,8 +442,21 @@ class Reader:
         if warmup is not None and not 0 <= self.kind("pretraining.warmup_fraction", warmup, (int, float),
                                                      "a share") < 1:
             self.bad("pretraining.warmup_fraction", f"expected a share in [0, 1), got {warmup}")
+        seeds = self.seeds("pretraining", own, section)
         return Pretraining(recipe=recipe_keys(section, "pretraining", self.bad), steps=steps, minutes=minutes,
-                           checkpoints=checkpoints, warmup_fraction=warmup)
+                           checkpoints=checkpoints, warmup_fraction=warmup, seeds=seeds)
+
+    def seeds(self, where: str, own: dict, recipe: dict) -> list[int] | None:
+        """`seeds` (two or more distinct whole numbers, or one) read from `own`; refused beside the recipe's `seed`."""
+        if "seeds" not in own:
+            return None
+        if "seed" in recipe:
+            self.bad(f"{where}.seeds", f"given with {where}.seed; expected seed: S (one pre-training) or seeds: "
+                     "[S, ...] (one pre-training per seed), not both")
+        seeds = self.listed(f"{where}.seeds", own["seeds"], int, "whole numbers")
+        if not seeds or len(set(seeds)) != len(seeds):
+            self.bad(f"{where}.seeds", f"expected distinct seeds, one pre-training each, got {own['seeds']}")
+        return seeds
 
     def variants(self, section, pretraining: Pretraining, shared: dict) -> dict[str, Variant]:
         variants: dict[str, Variant] = {}
@@ -422,7 +475,12 @@ class Reader:
             else:
                 spec = dict(spec)
                 data = self.data(name, spec, shared)
-                variants[name] = Variant(name=name, recipe=recipe_keys(spec, where, self.bad), **data)
+                seeds = self.seeds(where, spec, spec)
+                spec.pop("seeds", None)
+                if pretraining.seeds and "seed" in spec:
+                    self.bad(f"{where}.seed", "given with pretraining.seeds; expected seeds: [S, ...] for the "
+                             "variant's own seeds, not seed")
+                variants[name] = Variant(name=name, recipe=recipe_keys(spec, where, self.bad), seeds=seeds, **data)
                 check_recipe({**pretraining.recipe, **variants[name].recipe}, pretraining.steps, where, self.bad)
         pretrained = [n for n, v in variants.items() if v.source is None]
         if not pretrained:
