@@ -53,11 +53,12 @@ def check_record(record: dict, study: Path) -> None:
     for label in (c["label"] for c in raw.get("contrasts", [])):
         assert set(record["contrasts"][label]) == set(record["tasks"])
         for d in record["contrasts"][label].values():
-            assert set(d) == {"difference", "se", "ci95", "verdict"}
+            assert {"difference", "se", "ci95", "df", "scope", "verdict"} <= set(d)
+            assert d["scope"] == ("recipes" if len(raw["pretraining"].get("seeds", [])) > 1 else "checkpoints")
     for name in raw.get("curve", {}).get("variants", []):
         for points in record["curve"][name].values():
             assert [p["step"] for p in points] == raw["pretraining"]["checkpoints"]
-            assert all(len(p["scores"]) == len(raw["compare"]["seeds"]) for p in points)
+            assert all(len(v) == len(raw["compare"]["seeds"]) for p in points for v in p["pretraining_scores"].values())
 
 
 @pytest.mark.slow  # five variants, three pre-trainings, 14 grids: the other end-to-end tests cover its stages
@@ -179,9 +180,14 @@ def test_a_study_stopped_in_pretraining_and_killed_in_fine_tuning_resumes_to_the
 
     study = small_study(tmp_path, data)
     whole, killed = tmp_path / "whole", tmp_path / "killed"
-    done = cli(study, "--output_dir", whole, "--workers", "2")  # two processes share the grids: the same scores
+    # the uninterrupted run by an interpreter with no scripts beside it (`python -m bert_suite`): it launches the
+    # recipe and its helper as modules; two processes share the grids: the same scores
+    python, env = scriptless_python(tmp_path / "python")
+    done = subprocess.run([python, "-m", "bert_suite", "ablation", str(study), "--output_dir", str(whole), "--workers",
+                           "2"], env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
     assert (whole / "logs" / "compare-w1.log").is_file()
+    assert " -m accelerate.commands.launch " in (whole / "logs" / "pretraining-pre.log").read_text()
     # SIGTERM while the recipe runs (it hangs after step 3's checkpoint): the study stops everything it started
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "BERT_SUITE_FAILPOINT": "pretrain.step:4:hang"}
     study_process = subprocess.Popen([str(Path(sys.executable).parent / "bert-suite"), "ablation", str(study),
@@ -264,6 +270,14 @@ BAD = [  # (changes to small_study, what the one line must say)
     ({"variants": {"pre": {"corpus": {"task_texts": ["stbs"]}}}}, "variants.pre.corpus.task_texts: task stbs"),
     ({"variants": {"random": {"from": "pre", "random_init": True, "corpus": {}}}}, "variants.random.corpus: unknown "
                                                                                    "key"),
+    # pre-training seeds
+    ({"pretraining": {"seed": 1, "seeds": [1, 2]}}, "pretraining.seeds: given with pretraining.seed; expected seed: S "
+                                                    "(one pre-training) or seeds: [S, ...]"),
+    ({"pretraining": {"seeds": [1, 1]}}, "pretraining.seeds: expected distinct seeds"),
+    ({"pretraining": {"seeds": [1, 2]}, "variants": {"pre": {"seed": 3}}}, "variants.pre.seed: given with "
+                                                                           "pretraining.seeds"),
+    ({"variants": {"pre": {}, "other": {"seeds": [7, 8]}, "random": {"from": "pre", "random_init": True}}},
+     "compare.baseline: other is pre-trained with seeds [7, 8], pre with [42]: no seed in common"),
 ]
 
 
@@ -277,6 +291,117 @@ def test_bad_input_is_one_line_naming_the_file_and_key_before_anything_is_writte
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"bert-suite ablation: error: {study}: ") and message in err, err
     assert len(err.splitlines()) == 1 and not out.exists()
+
+
+def scriptless_python(folder: Path) -> tuple[str, dict]:
+    """An interpreter with no scripts beside it (no `accelerate`, no `bert-suite`: a `pip install --user`, a Python
+    whose packages are on its path), and the environment that gives it this project's packages."""
+    import sysconfig
+
+    (folder / "bin").mkdir(parents=True)
+    python = folder / "bin" / "python3"
+    python.symlink_to(os.path.realpath(sys.executable))
+    path = os.pathsep.join([str(REPO / "src"), sysconfig.get_paths()["purelib"]])
+    return str(python), {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": path}
+
+
+def test_added_seeds_resume_the_one_seed_runs_and_the_rows_count_pre_trainings(data, tmp_path, monkeypatch):
+    """At unit level (the recipe and the grids faked; end to end in make test-all): a one-seed study's run stays
+    its seed's when `seeds` is added (its stage record accepted, also one that predates the seed key), only the
+    new seed is pre-trained, each variant's checkpoints are one a seed (a random twin a draw of its own), and
+    the rows pair by pre-training seed: the contrast's SE counts pre-trainings."""
+    from bert_suite import BertSuiteConfig
+    from bert_suite.ablation import contrasts_of, launch, stages
+    from bert_suite.ablation.finetune import models_of
+    from bert_suite.compare import build_result, resolve_task
+
+    launched = []
+
+    def launch_recipe(overrides, log, timing):
+        run = Path(overrides["output_dir"])
+        launched.append((run.name, overrides["seed"]))
+        BertSuiteConfig.from_preset("tiny").save_pretrained(run / "final")
+        (run / "pretrain_results.json").write_text(json.dumps({"step": 6}))
+        return 1.0
+
+    monkeypatch.setattr(launch, "launch_recipe", launch_recipe)
+    out = tmp_path / "out"
+    data_of = {"pre": stages.Data([], {}, tmp_path / "vocab", {32: tmp_path / "instances"}, {})}
+    study = load_study(small_study(tmp_path, data, pretraining={"seed": 42}))
+    stages.pretrain(study, out, data_of, 6, None, stages.Progress())
+    assert launched == [("pre", 42)]
+    record = out / "stages" / "pretraining-pre.json"  # as a record made before runs named their seed
+    before = json.loads(record.read_text())
+    del before["settings"]["recipe"]["seed"]
+    record.write_text(json.dumps(before))
+    study = load_study(small_study(tmp_path, data, pretraining={"seeds": [42, 43]}))
+    assert [(r.variant, r.seed, r.name) for r in study.runs()] == [("pre", 42, "pre"), ("pre", 43, "pre.seed43")]
+    stages.pretrain(study, out, data_of, 6, None, stages.Progress())
+    assert launched == [("pre", 42), ("pre.seed43", 43)]  # seed 42's run stays
+
+    runs = {r.name: out / "pretraining" / r.name for r in study.runs()}
+    models = models_of(study, runs)
+    assert {n: (m.row, m.key, m.path, m.model.removesuffix(m.path)) for n, m in models.items()} == {
+        "pre": ("pre", "42", str(runs["pre"] / "final"), ""),
+        "pre.seed43": ("pre", "43", str(runs["pre.seed43"] / "final"), ""),
+        "random": ("random", "42", str(runs["pre"] / "final"), "random:"),
+        "random.seed43": ("random", "43", str(runs["pre.seed43"] / "final"), "random@2:")}
+    task = resolve_task("rte", study.compare.data_dirs, flag="task")
+    scores = {"pre": 0.8, "pre.seed43": 0.6, "random": 0.5, "random.seed43": 0.55}  # per run, +0.1 on seed 2
+    found = {"rte": {n: {(3e-3, 16, 3.0): {1: v, 2: v + 0.1}} for n, v in scores.items()}}
+    result = build_result("pre", [1, 2], models, {"rte": task}, found)
+    assert result["tasks"]["rte"]["models"]["pre"]["pretraining_scores"] == {"42": [80.0, 90.0], "43": [60.0, 70.0]}
+    versus = contrasts_of(study, result, {})[0]["what pre-training adds"]["rte"]
+    assert (versus["scope"], versus["df"], versus["pretrainings"], versus["first_ahead_in"]) == ("recipes", 1, 2, 2)
+    assert versus["difference"] == pytest.approx(17.5)  # (30 + 5) / 2
+
+
+@pytest.mark.slow  # two pre-trainings, six grids, three processes a run (about two minutes): make test-all; make
+# test keeps the resume and the record at unit level (test_added_seeds_resume_...) and `python -m` in the kill test
+def test_a_one_seed_study_resumes_with_added_pretraining_seeds_as_verdicts_about_recipes_from_any_python(
+        data, tmp_path, report):
+    """Run by an interpreter with no scripts beside it (`python -m bert_suite`, two --workers): the one-seed study
+    pre-trains and compares; `seeds: [42, 43]` in the file then resumes it: seed 42's run and grids stay (not
+    trained again), seed 43 is pre-trained (its random twin a draw of its own) and fine-tuned, and the record
+    counts pre-trainings: scores per seed, contrasts over the two pre-trainings, a row per (variant, seed)."""
+    python, env = scriptless_python(tmp_path / "python")
+    assert not list((tmp_path / "python" / "bin").glob("accelerate*"))
+    study = small_study(tmp_path, data, pretraining={"seed": 42})
+    out = tmp_path / "out"
+    command = [python, "-m", "bert_suite", "ablation", str(study), "--output_dir", str(out), "--workers", "2"]
+    first = subprocess.run(command, env=env, capture_output=True, text=True)
+    assert first.returncode == 0, first.stderr[-3000:]
+    one = json.loads((out / "ablation.json").read_text())
+    assert one["contrasts"]["what pre-training adds"]["rte"]["scope"] == "checkpoints"
+    assert one["pretraining"]["pre"]["seeds"] == [42] and "these checkpoints" in (out / "ablation.md").read_text()
+    kept = {"pre": complete_trials(out / "compare" / "rte" / "pre"), "pre@3": complete_trials(out / "curve" / "rte" / "pre@3")}
+
+    small_study(tmp_path, data, pretraining={"seeds": [42, 43]})
+    second = subprocess.run(command, env=env, capture_output=True, text=True)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert (out / "logs" / "pretraining-pre.log").read_text().count("$ ") == 1  # seed 42: not trained again
+    assert {"pre": complete_trials(out / "compare" / "rte" / "pre"),
+            "pre@3": complete_trials(out / "curve" / "rte" / "pre@3")} == kept
+    assert json.loads((out / "pretraining" / "pre.seed43" / "pretrain_results.json").read_text())["config"]["seed"] == 43
+    assert sorted(p.name for p in (out / "compare" / "rte").iterdir()) == ["pre", "pre.seed43", "random", "random.seed43"]
+    record = json.loads((out / "ablation.json").read_text())
+    entry = record["tasks"]["rte"]["models"]
+    assert list(entry["pre"]["pretraining_scores"]) == ["42", "43"] and list(entry["random"]["pretraining_scores"]) == ["42", "43"]
+    assert entry["pre"]["pretraining_scores"]["42"] == one["tasks"]["rte"]["models"]["pre"]["scores"]
+    versus = record["contrasts"]["what pre-training adds"]["rte"]
+    assert (versus["scope"], versus["df"], versus["pretrainings"]) == ("recipes", 1, 2)
+    assert record["pretraining"]["pre"]["seeds"] == [42, 43] and list(record["pretraining"]["pre"]["by_seed"]) == ["42", "43"]
+    assert [list(p["pretraining_scores"]) for p in record["curve"]["pre"]["rte"]] == [["42", "43"]] * 2
+    md = (out / "ablation.md").read_text()
+    assert "SE over 2 pre-trainings x 2 fine-tuning seeds" in md and "## Two sources of noise" in md
+    assert "| pre | 42 |" in md and "| pre | 43 |" in md  # the pre-training table: a row per (variant, seed)
+    # both pre-trainings learn the task the test builds: above chance (50%) on its dev set
+    report("ablation: RTE-like dev accuracy per pre-training seed (fine-tuning seeds 1, 2)", entry["pre"]["pretraining_scores"])
+    assert min(min(v) for v in entry["pre"]["pretraining_scores"].values()) > 60
+    # a seed the file does not list is refused
+    bad = subprocess.run([*command[:-2], "--variant", "pre", "--pretraining_seeds", "44"], env=env, capture_output=True,
+                         text=True)
+    assert bad.returncode == 2 and "--pretraining_seeds 44: not a pre-training seed of pre" in bad.stderr
 
 
 def test_a_corpus_empty_after_decontamination_stops_before_any_training(data, tmp_path, capsys):
@@ -396,7 +521,8 @@ def test_tokens_are_steps_times_batch_times_mean_length_per_phase_and_accuracy_i
     # 90 steps of 8 at 30 tokens, then 10 of 8 (phase 2's batch defaults to phase 1's) at 60
     assert facts == {"steps": 100, "minutes": 15.0, "tokens": 90 * 8 * 30 + 10 * 8 * 60, "held_out_accuracy": 0.25,
                      "held_out_perplexity": 60.0, "accuracy_kind": "mlm",
-                     "not_next_share": pytest.approx((90 * 0.5 + 10 * 0.52) / 100), "precision": "fp32"}
+                     "not_next_share": pytest.approx((90 * 0.5 + 10 * 0.52) / 100), "precision": "fp32",
+                     "seeds": [42]}
 
 
 def test_a_checkpoint_pretrained_without_dropout_fine_tunes_with_the_presets_dropout(tmp_path):
@@ -564,12 +690,11 @@ def test_a_snapshot_already_fine_tuned_on_the_curve_takes_that_point(data, tmp_p
             (snapshot / "model.safetensors").write_bytes(b"weights at 3" if step == 3 else name.encode())
     asked, skipped = [], []
 
-    def grid(name, key, step):
-        asked.append((name, key, step))
-        scores = [float(step + len(name)), float(step + len(name) + 1)]
-        return {"mean": sum(scores) / 2, "se": 0.5, "scores": scores}
+    def grid(run, key, step):  # a run's grid: one setting, fine-tuning seeds 1 and 2
+        asked.append((run.name, key, step))
+        return {(1e-3, 16, 3.0): {1: (step + len(run.name)) / 100, 2: (step + len(run.name) + 1) / 100}}
 
-    curve = curve_of(study_listing("ltr", "bi"), runs, ["rte"], 6, grid, lambda: skipped.append(True))
+    curve = curve_of(study_listing("ltr", "bi"), tmp_path, ["rte"], 6, grid, skip=lambda: skipped.append(True))
     assert asked == [("ltr", "rte", 3), ("ltr", "rte", 6), ("bi", "rte", 6)] and skipped == [True]
     assert curve["bi"]["rte"][0] == {**curve["ltr"]["rte"][0], "from": "ltr"}
     assert "from" not in curve["bi"]["rte"][1] and curve["bi"]["rte"][1]["scores"] != curve["ltr"]["rte"][1]["scores"]
@@ -578,12 +703,12 @@ def test_a_snapshot_already_fine_tuned_on_the_curve_takes_that_point(data, tmp_p
     assert "bi's points at 3 steps are ltr's" in markdown(record, study_listing("ltr", "bi"), None)
 
     asked.clear()  # the biphasic variant listed first: ltr takes its point
-    curve = curve_of(study_listing("bi", "ltr"), runs, ["rte"], 6, grid)
+    curve = curve_of(study_listing("bi", "ltr"), tmp_path, ["rte"], 6, grid)
     assert asked == [("bi", "rte", 3), ("bi", "rte", 6), ("ltr", "rte", 6)] and curve["ltr"]["rte"][0]["from"] == "bi"
 
     (runs["bi"] / "snapshots" / "step-3" / "model.safetensors").write_bytes(b"trained its first steps itself")
     asked.clear()
-    assert "from" not in curve_of(study_listing("ltr", "bi"), runs, ["rte"], 6, grid)["bi"]["rte"][0]
+    assert "from" not in curve_of(study_listing("ltr", "bi"), tmp_path, ["rte"], 6, grid)["bi"]["rte"][0]
     assert ("bi", "rte", 3) in asked
 
 
@@ -687,7 +812,7 @@ def test_early_grids_are_the_ones_the_compare_stage_would_run_with_what_is_done_
         assert finetune.early_grids(study, tmp_path, runs, 6, study.compare.data_dirs, None, None) == grids
         return [folder for _, folder, _, _ in asked]
 
-    assert finetune.ready_variants(study, runs, 6) == ["bi", "bi_random"]
+    assert finetune.ready_runs(study, runs, 6) == ["bi"]
     # bi through compare's grid; bi_random waits (ltr_random, listed first, may have its files and take the
     # grid); ltr's snapshot is past its last checkpoint (none yet), bi's is ltr's copy; bi's last step is compare's
     assert early(1) == ["compare/rte/bi"]
@@ -714,7 +839,7 @@ def test_a_run_that_does_not_wait_passes_over_a_variant_held_elsewhere_and_one_s
 
     study, out = biphasic_study(tmp_path, data), tmp_path / "out"
     launched = []
-    monkeypatch.setattr(launch, "recipe_overrides", lambda study, name, data, run, steps: {
+    monkeypatch.setattr(launch, "recipe_overrides", lambda study, name, data, run, steps, **_: {
         "output_dir": str(run), "max_steps": steps, "snapshot_steps": "3", "train_data": "-", "tokenizer": "-",
         "warmup_steps": 0, "phase1_fraction": 1})
     monkeypatch.setattr(launch, "launch_recipe", lambda overrides, log, timing: launched.append(
@@ -736,6 +861,40 @@ def test_a_run_that_does_not_wait_passes_over_a_variant_held_elsewhere_and_one_s
         (snapshot / "config.json").write_text("{}")
         assert stages.pretrain(study, out, data_of, 6, None, Quiet(), pass_held=True) == ["ltr"]
         assert launched == [("bi", checkpoint)]
+
+
+def test_a_variant_run_trains_its_free_runs_first_and_a_biphasic_run_waits_for_its_donors_checkpoint(
+        data, tmp_path, monkeypatch):
+    """`--variant bi other` while another process trains ltr (bi's donor): other first, then bi waits for ltr's
+    checkpoint at the switch and starts there, rather than train ltr's steps again."""
+    import threading
+
+    from bert_suite.ablation import launch, stages
+    from bert_suite.ablation.locks import variant_lock
+
+    study, out = biphasic_study(tmp_path, data, other={"learning_rate": 1e-3}), tmp_path / "out"
+    launched = []
+    monkeypatch.setattr(stages, "DONOR_POLL", 0.05)
+    monkeypatch.setattr(launch, "recipe_overrides", lambda study, name, data, run, steps, **_: {
+        "output_dir": str(run), "max_steps": steps, "snapshot_steps": "3", "train_data": "-", "tokenizer": "-",
+        "warmup_steps": 0, "phase1_fraction": 1})
+    monkeypatch.setattr(launch, "launch_recipe", lambda overrides, log, timing: launched.append(
+        (Path(overrides["output_dir"]).name, overrides.get("start_from_checkpoint"))) or 1.0)
+    checkpoint = out / "pretraining" / "ltr" / "checkpoints" / "step-3"
+
+    def ltr_reaches_its_switch():
+        time.sleep(0.5)
+        (out / "pretraining" / "ltr" / "snapshots" / "step-3").mkdir(parents=True)
+        (out / "pretraining" / "ltr" / "snapshots" / "step-3" / "config.json").write_text("{}")
+        checkpoint.mkdir(parents=True)
+        (checkpoint / "progress.json").write_text("{}")
+
+    with variant_lock(out, "ltr"):
+        writer = threading.Thread(target=ltr_reaches_its_switch)
+        writer.start()
+        stages.pretrain(study, out, {"ltr": None, "bi": None, "other": None}, 6, ["bi", "other"], stages.Progress())
+        writer.join()
+    assert launched == [("other", None), ("bi", checkpoint)]
 
 
 @pytest.mark.slow  # two pre-trainings and the GPU route's three commands (about a minute): make test-all

@@ -5,6 +5,7 @@ clear error per bad input with nothing written."""
 
 import csv
 import json
+import math
 import os
 import random
 import re
@@ -19,7 +20,6 @@ from bert_suite.cards import load_card
 from bert_suite.cli import main as cli_main
 from bert_suite.compare import Model, Task, build_result, markdown
 from bert_suite.pretraining.instances import build_pretraining_dataset
-from bert_suite.report import paired_comparison
 from bert_suite.runner import ModelSpec, RunError, load_model
 from helpers import REPO, SQUAD_VOCAB, WORDS, fresh_state, load_recipe, recipe_args, write_rte_like, write_squad_like
 
@@ -73,13 +73,15 @@ def test_compare_json_has_the_issues_shape_and_the_table_and_plot_are_written(se
     assert (result["tasks"]["squad_small@48"]["metric"], result["tasks"]["squad_small@48"]["labels"]) == ("f1", 48)
     for entry in result["tasks"].values():
         assert list(entry) == ["metric", "labels", "models", "vs_baseline"]
-        for scores in entry["models"].values():
-            assert list(scores) == ["setting", "scores", "mean", "se"]
+        for scores in entry["models"].values():  # one checkpoint a model: today's shape, its seeds keyed "1"
+            assert list(scores) == ["setting", "scores", "mean", "se", "pretraining_scores"]
+            assert scores["pretraining_scores"] == {"1": scores["scores"]}
             assert scores["setting"] == {"learning_rate": 1e-3, "batch_size": 16, "epochs": 1.0}
             assert len(scores["scores"]) == 2 and all(0 <= s <= 100 for s in scores["scores"])
         assert list(entry["vs_baseline"]) == ["pre"]
         versus = entry["vs_baseline"]["pre"]
-        assert list(versus) == ["difference", "se", "ci95", "verdict"] and versus["verdict"] in ("ahead", "behind", "level")
+        assert {"difference", "se", "ci95", "df", "scope", "verdict"} <= set(versus)
+        assert (versus["df"], versus["scope"]) == (1, "checkpoints") and versus["verdict"] in ("ahead", "behind", "level")
     table = (compared / "compare.md").read_text().splitlines()
     assert table[2] == "| model | rte (accuracy) | squad_small@48 (f1) |"
     assert table[4].startswith("| pre | ") and "(baseline)" in table[5]
@@ -167,13 +169,7 @@ def test_a_random_twin_with_the_same_config_and_vocabulary_is_one_model_and_gets
         == {"a": "b"}  # the baseline is the one kept
 
 
-def test_hand_computed_paired_statistics_and_the_setting_chosen_by_its_mean():
-    # differences 5, 2, 6 -> mean 4.3333, sd 2.0817, SE 1.2019; t(0.975, 2) = 4.30265 -> half-width 5.17119
-    d = paired_comparison([75.0, 74.0, 80.0], [70.0, 72.0, 74.0])
-    assert d["difference"] == pytest.approx(13 / 3) and d["se"] == pytest.approx(1.20185, abs=1e-5)
-    assert d["ci95"] == pytest.approx([13 / 3 - 5.17119, 13 / 3 + 5.17119], abs=1e-4) and d["verdict"] == "ahead"
-    assert paired_comparison([70.0, 72.0, 74.0], [75.0, 74.0, 80.0])["verdict"] == "behind"
-    assert paired_comparison([70.0, 80.0], [75.0, 74.0])["verdict"] == "level"  # +0.5, SE 5.5
+def test_the_setting_chosen_by_its_mean_and_a_row_of_several_pre_trainings_paired_by_position():
     card = type("Card", (), {"name": "t"})()
     tasks = {"t": Task("t", card, None, "accuracy", None)}
     models = {n: Model(n, f"/m/{n}", f"/m/{n}", False, False) for n in ("a", "b")}
@@ -187,6 +183,25 @@ def test_hand_computed_paired_statistics_and_the_setting_chosen_by_its_mean():
     assert result["tasks"]["t"]["vs_baseline"]["a"]["difference"] == pytest.approx(15.0)
     text = markdown(result, vocabularies={"a": (100, "x" * 64), "b": (200, "y" * 64)})
     assert "do not share one vocabulary" in text and "a: 100 tokens" in text
+    assert "these checkpoints: SE over 2 fine-tuning seeds" in text
+
+    # two pre-trainings a row (a.2, b.2): the setting by the mean over both and every seed; the SE over the two
+    models = {n: Model(n, f"/m/{n}", f"/m/{n}", False, False, n.split(".")[0], "2" if "." in n else "1")
+              for n in ("a", "a.2", "b", "b.2")}
+    found = {"t": {"a": {(1e-4, 32, 3.0): {1: 0.9, 2: 0.3}, (3e-4, 32, 3.0): {1: 0.7, 2: 0.7}},
+                   "a.2": {(1e-4, 32, 3.0): {1: 0.8, 2: 0.8}, (3e-4, 32, 3.0): {1: 0.5, 2: 0.5}},
+                   "b": {(1e-4, 32, 3.0): {1: 0.5, 2: 0.6}}, "b.2": {(1e-4, 32, 3.0): {1: 0.4, 2: 0.5}}}}
+    result = build_result("b", [1, 2], models, tasks, found)
+    entry = result["tasks"]["t"]["models"]["a"]  # (1e-4): mean 0.7 over 4 runs beats (3e-4)'s 0.6
+    assert entry["setting"]["learning_rate"] == 1e-4
+    assert {k: pytest.approx(v) for k, v in entry["pretraining_scores"].items()} == {"1": [90.0, 30.0], "2": [80.0, 80.0]}
+    assert entry["scores"] == pytest.approx([60.0, 80.0]) and entry["mean"] == pytest.approx(70.0)
+    assert entry["se"] == pytest.approx(10.0) and entry["sd_pretraining"] == pytest.approx(math.sqrt(200))
+    assert result["models"]["a"]["checkpoints"] == ["/m/a", "/m/a.2"]
+    versus = result["tasks"]["t"]["vs_baseline"]["a"]  # d_s: 60 - 55 = 5, 80 - 45 = 35
+    assert (versus["difference"], versus["df"], versus["scope"]) == (pytest.approx(20.0), 1, "recipes")
+    text = markdown(result)
+    assert "SE over 2 pre-trainings x 2 fine-tuning seeds" in text and "ahead in 2 of 2" in text
 
 
 def test_random_and_bilstm_prefixes_load_what_they_name(setup):
@@ -204,7 +219,45 @@ def test_random_and_bilstm_prefixes_load_what_they_name(setup):
         ModelSpec.parse("random:preset:tiny")
 
 
+def test_several_pre_trainings_a_model_pair_by_position_and_a_random_twin_draws_once_per_checkpoint(setup, tmp_path):
+    """Two recipes of two checkpoints each (the pre-trained model from two seeds, and its random twin): a grid per
+    checkpoint, the scores per pre-training, the verdict about the recipes (SE over the two pre-trainings), and a
+    random twin of two checkpoints of one config that is two draws, not one model twice."""
+    second = tmp_path / "pretrain-seed7"
+    fresh_state()
+    load_recipe().main(recipe_args(setup, second, "max_steps=12", "save_steps=1000", "seed=7"))
+    first = setup / "pretrain" / "final"
+    out = tmp_path / "out"
+    args = compare_args(setup, out)
+    args[args.index("--task") + 1: args.index("--task") + 3] = ["rte"]
+    args[1:5] = ["--model", f"pre={first},{second / 'final'}", "--model", f"random=random:{first},random:{second / 'final'}"]
+    assert cli_main(args) == 0
+    result = json.loads((out / "compare.json").read_text())
+    assert result["models"]["pre"]["checkpoints"] == [str(first), str(second / "final")]
+    assert sorted(p.name for p in (out / "rte").iterdir()) == ["pre", "pre.2", "random", "random.2"]
+    for name in ("pre", "random"):
+        entry = result["tasks"]["rte"]["models"][name]
+        assert list(entry["pretraining_scores"]) == ["1", "2"] and all(len(v) == 2 for v in entry["pretraining_scores"].values())
+        assert entry["scores"] == pytest.approx([sum(v) / 2 for v in entry["pretraining_scores"].values()])
+    versus = result["tasks"]["rte"]["vs_baseline"]["pre"]
+    assert (versus["scope"], versus["df"], versus["pretrainings"], versus["finetunings"]) == ("recipes", 1, 2, 2)
+    assert "same_as" not in result["models"]["random"]  # its second checkpoint is a draw of its own
+    text = (out / "compare.md").read_text()
+    assert "SE over 2 pre-trainings x 2 fine-tuning seeds" in text and "over 2 pre-trainings of each recipe" in text
+    assert (out / "compare.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # the premise: without its own draw, the twin of the second checkpoint (the same config) would be the first's
+    card = load_card("rte")
+    weights = {}
+    for spec in (f"random:{first}", f"random:{second / 'final'}", f"random@2:{second / 'final'}"):
+        torch.manual_seed(1)
+        weights[spec] = load_model(card, spec, 32).state_dict()["bert.embeddings.word_embeddings.weight"]
+    one, same, other = weights.values()
+    assert torch.equal(one, same) and not torch.equal(one, other)
+
+
 @pytest.mark.parametrize("case, message", [
+    ("unpaired", r"--model random=.*: 1 checkpoint, pre has 2: rows pair by position"),
+    ("path-twice", r"--model pre=.*: .* is given twice; expected each pre-training's checkpoint once"),
     ("one-model", r"--model: 1 model given; a comparison needs at least two"),
     ("duplicate", r"--model pre=.*: the name pre is given twice"),
     ("not-a-checkpoint", r"--model other=.*: .* is not a checkpoint \(no config.json\)"),
@@ -217,7 +270,11 @@ def test_bad_input_is_one_clear_error_and_nothing_is_written(setup, tmp_path, ca
     out = tmp_path / "out"
     args = compare_args(setup, out)
     model = str(setup / "pretrain" / "final")
-    if case == "one-model":
+    if case == "unpaired":
+        args[args.index(f"pre={model}")] = f"pre={model},{setup / 'pretrain'}"
+    elif case == "path-twice":
+        args[args.index(f"pre={model}")] = f"pre={model},{model}"
+    elif case == "one-model":
         args = [a for a in args if a not in ("--model", f"random=random:{model}")]
         args[1:1] = ["--model"]
     elif case == "duplicate":

@@ -231,11 +231,11 @@ def test_paired_difference_and_its_standard_error_match_hand_computed_numbers():
 def test_demo_verdict_does_not_call_noise_a_win():
     from bert_suite.demo import verdict
 
-    line = verdict([0.70, 0.66, 0.68], [0.62, 0.63, 0.60], 2345)  # +6.3, SE 1.7
-    assert line == ("Pre-trained beats random initialisation: +6.3 points (mean paired difference over 3 seeds), "
-                    "standard error 1.7 (dev set of 2,345 sentences).")
-    # +2.0 with SE 2.1: ahead, but within the seeds' noise
-    assert verdict([0.63, 0.60, 0.66], [0.60, 0.62, 0.61], 2345).startswith("Pre-trained does not clearly beat")
+    line = verdict([0.70, 0.68, 0.69], [0.62, 0.61, 0.61], 2345)  # +7.7 ± 0.3: the interval above zero
+    assert line == ("Pre-trained beats random initialisation: +7.7 points (mean paired difference over 3 seeds), "
+                    "standard error 0.3, 95% interval [+6.2, +9.1] (dev set of 2,345 sentences).")
+    # +6.3 with SE 1.7: beyond 2 SE, but with 3 seeds t is 4.3, so its interval [-1.0, +13.6] holds zero
+    assert verdict([0.70, 0.66, 0.68], [0.62, 0.63, 0.60], 2345).startswith("Pre-trained does not clearly beat")
     assert verdict([0.48, 0.50, 0.49], [0.50, 0.51, 0.49], 2345).startswith("Pre-trained does not beat")
 
 

@@ -2,7 +2,9 @@
 
 import csv
 import logging
+import math
 import os
+import statistics
 
 import pytest
 
@@ -139,3 +141,74 @@ def test_heatmap_titles_count_epochs_in_english():
     assert heatmap_title("eval_accuracy", 1) == "eval_accuracy, 1 epoch (mean over seeds)"
     assert heatmap_title("eval_accuracy", 2.0) == "eval_accuracy, 2 epochs (mean over seeds)"
     assert heatmap_title("eval_f1", 0.5, 8) == "eval_f1, 0.5 epochs, LoRA rank 8 (mean over seeds)"
+
+
+# ------------------------------------------------------------------------- verdicts about recipes (seeded_comparison)
+
+
+def table(rows: dict) -> dict:
+    """{pre-training seed: [score per fine-tuning seed 1, 2, ...]} as seeded_comparison's table."""
+    return {seed: {f: v for f, v in enumerate(scores, start=1)} for seed, scores in rows.items()}
+
+
+def test_one_pre_training_is_the_paired_difference_over_fine_tuning_seeds_about_these_checkpoints():
+    # differences 5, 2, 6 -> mean 4.3333, sd 2.0817, SE 1.2019; t(0.975, 2) = 4.30265 -> half-width 5.17119
+    from bert_suite.report import seeded_comparison
+
+    d = seeded_comparison(table({42: [75.0, 74.0, 80.0]}), table({42: [70.0, 72.0, 74.0]}))
+    assert d["difference"] == pytest.approx(13 / 3) and d["se"] == pytest.approx(1.20185, abs=1e-5)
+    assert d["ci95"] == pytest.approx([13 / 3 - 5.17119, 13 / 3 + 5.17119], abs=1e-4)
+    assert (d["df"], d["scope"], d["verdict"], d["pretrainings"], d["finetunings"]) == (2, "checkpoints", "level", 1, 3)
+    assert d["sd_pretraining"] is None and d["sd_finetuning"] == pytest.approx(2.0817, abs=1e-4)
+
+
+def test_several_pre_trainings_count_them_and_where_their_spread_dominates_the_verdict_is_level():
+    """The pre-trainings differ by 5, 1 and 3 points, each repeated faithfully by its fine-tuning seeds: the six
+    pooled pairs would say ahead (+3.1, t(5) interval above zero), the three pre-trainings say level."""
+    from scipy.stats import t
+
+    from bert_suite.report import seeded_comparison
+
+    first = table({42: [75.0, 75.2], 43: [71.0, 71.2], 44: [73.0, 73.2]})
+    second = table({42: [70.0, 70.0], 43: [70.0, 70.0], 44: [70.0, 70.0]})
+    d = seeded_comparison(first, second)
+    means = [5.1, 1.1, 3.1]  # d_s: the mean over fine-tuning seeds per pre-training
+    se = statistics.stdev(means) / math.sqrt(3)
+    assert d["difference"] == pytest.approx(3.1) and d["se"] == pytest.approx(se) and d["df"] == 2
+    assert d["ci95"] == pytest.approx([3.1 - t.ppf(0.975, 2) * se, 3.1 + t.ppf(0.975, 2) * se])
+    assert (d["scope"], d["verdict"], d["first_ahead_in"], d["pretrainings"]) == ("recipes", "level", 3, 3)
+    assert d["sd_pretraining"] == pytest.approx(2.0) and d["sd_finetuning"] == pytest.approx(math.sqrt(0.02))
+    pooled = [a - b for s in first for a, b in zip(first[s].values(), second[s].values(), strict=True)]
+    half = t.ppf(0.975, len(pooled) - 1) * statistics.stdev(pooled) / math.sqrt(len(pooled))
+    assert statistics.fmean(pooled) - half > 0  # what counting the fine-tuning seeds alone would have claimed
+    assert "bootstrap95" not in d  # fewer than five pre-trainings
+
+
+def test_the_verdict_never_disagrees_with_its_interval_and_five_pre_trainings_add_a_multi_bootstrap():
+    import random
+
+    from bert_suite.report import seeded_comparison
+
+    rng = random.Random(0)
+    for _ in range(200):
+        n, m, shift = rng.choice([1, 2, 3, 5]), rng.choice([2, 3]), rng.uniform(-3, 3)
+        first = table({s: [rng.gauss(70 + shift, 2) for _ in range(m)] for s in range(n)})
+        second = table({s: [rng.gauss(70, 2) for _ in range(m)] for s in range(n)})
+        d = seeded_comparison(first, second)
+        low, high = d["ci95"]
+        assert d["verdict"] == ("ahead" if low > 0 else "behind" if high < 0 else "level")
+        if n >= 5:
+            boot = d["bootstrap95"]
+            assert boot[0] <= d["difference"] <= boot[1]
+            assert boot == seeded_comparison(first, second)["bootstrap95"]  # the same draws every time
+
+
+def test_tables_that_do_not_pair_are_refused_naming_the_seeds():
+    from bert_suite.report import seeded_comparison
+
+    with pytest.raises(ValueError, match="seeds 44 are in one only"):
+        seeded_comparison(table({42: [1.0, 2.0], 44: [1.0, 2.0]}), table({42: [1.0, 2.0]}))
+    with pytest.raises(ValueError, match="pre-training seed 42: fine-tuning seeds 3 are in one table only"):
+        seeded_comparison(table({42: [1.0, 2.0, 3.0]}), table({42: [1.0, 2.0]}))
+    with pytest.raises(ValueError, match="a standard error needs two or more"):
+        seeded_comparison(table({42: [1.0]}), table({42: [2.0]}))

@@ -319,8 +319,9 @@ def _compare(args: argparse.Namespace, rest: list[str]) -> None:
         raise ValueError(f"{', '.join(owned)}: the grid sets this for every trial; give its values with the grid flag")
     # every check before anything is written or trained
     models = parse_models(args.model)
-    if args.baseline not in models:
-        raise CompareError(f"--baseline {args.baseline}: not one of the models; expected one of {', '.join(models)}")
+    rows = list(dict.fromkeys(m.row for m in models.values()))
+    if args.baseline not in rows:
+        raise CompareError(f"--baseline {args.baseline}: not one of the models; expected one of {', '.join(rows)}")
     check_seeds(args.seeds)
     tasks = parse_tasks(args.tasks, args.data_dir, args.metric)
     for model in models.values():
@@ -336,7 +337,7 @@ def _compare(args: argparse.Namespace, rest: list[str]) -> None:
                          args.heartbeat_interval, args.grace_period)
     print(Path(args.output_dir, "compare.md").read_text())
     print(f"wrote {Path(args.output_dir) / 'compare.json'} and compare.png ({len(result['tasks'])} tasks x "
-          f"{len(result['models'])} models)")
+          f"{len(result['models'])} models" + (f", {len(models)} checkpoints" if len(models) > len(rows) else "") + ")")
 
 
 def _record_grid_test_scores(out: Path, result: dict, scores: dict) -> None:

@@ -6,21 +6,26 @@ For every task and model the grid (grid.py: learning rate x batch size x epochs 
 workers) runs in OUT/TASK/NAME. The seeds are the same for every model, so each seed gives every model the
 same data order and the same label subset (`sst2@1000`: the first 1,000 training examples). Per model, the
 setting with the best mean dev score over the seeds is chosen (not its luckiest trial); its per-seed scores,
-mean and standard error are reported, and against the baseline the mean per-seed difference, its standard
-error, a 95% interval (Student's t, n - 1 degrees of freedom) and a verdict at 2 SE (report.py). Scores are on
-the metric's 0-100 scale. Writes OUT/compare.json, compare.md (one table: models x tasks, the shape of the
-paper's Table 5) and compare.png (grouped bars with SE error bars).
+mean and standard error are reported, and against the baseline the paired difference, its standard error, a
+95% interval (Student's t) and the verdict of that interval (report.seeded_comparison). Scores are on the
+metric's 0-100 scale. Writes OUT/compare.json, compare.md (one table: models x tasks, the shape of the paper's
+Table 5) and compare.png (grouped bars with SE error bars).
 
 A model is `NAME=PATH` (a checkpoint folder or Hub id), `NAME=random:PATH` (PATH's config and vocabulary with
 fresh weights: its random twin) or `NAME=bilstm:PATH` (a randomly initialised BiLSTM between the encoder and the
-head: Table 5's "+ BiLSTM"). Everything is checked before anything is written or trained.
+head: Table 5's "+ BiLSTM"); `NAME=PATH1,PATH2,...` is one recipe's checkpoints from several pre-training seeds,
+each with its own grid (OUT/TASK/NAME, NAME.2, ...), paired with the baseline's by position, so that the verdict
+counts pre-trainings (a statement about the recipes) rather than fine-tuning seeds around one checkpoint each.
+Everything is checked before anything is written or trained.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
+import statistics
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +35,7 @@ import datasets
 from .cards import CardError, TaskCard, load_card
 from .grid import grid_key, run_grid, search_space
 from .io import atomic_write_text, save_figure
-from .report import choose_setting, md_table, mean_se, paired_comparison, seed_scores
+from .report import choose_setting, md_table, mean_se, scope_text, seed_scores, seeded_comparison
 from .runner import ModelSpec, RunError, adapter_for
 
 SETTING_NAMES = ("learning_rate", "batch_size", "epochs")
@@ -44,11 +49,19 @@ class CompareError(RunError):
 
 @dataclass(frozen=True)
 class Model:
-    name: str
+    """One checkpoint through the grids. A row of the table (a recipe) may have several, one per pre-training
+    seed: each its own grid in OUT/TASK/NAME (the first) or NAME.K (compare) / NAME.seedS (an ablation)."""
+    name: str  # the grid's folder and study: the row's name for its first checkpoint
     model: str  # what the grid is given (prefixes included)
     path: str  # the checkpoint it reads its config and vocabulary from
     random_init: bool
     bilstm: bool
+    recipe: str | None = None  # the row it is one pre-training of (None: its own name)
+    key: str = "1"  # its pre-training in the row's pretraining_scores: the position (compare) or the seed (ablation)
+
+    @property
+    def row(self) -> str:
+        return self.recipe or self.name
 
 
 @dataclass(frozen=True)
@@ -61,26 +74,61 @@ class Task:
 
 
 def parse_models(values: list[str]) -> dict[str, Model]:
-    """NAME=PATH values as Models, in order; at least two, names unique, each PATH a checkpoint."""
+    """NAME=PATH[,PATH...] values as Models, one per checkpoint, in order: a row's first checkpoint named NAME,
+    its K-th NAME.K (its pre-training K, for pretraining_scores); at least two rows, names unique, each PATH a
+    checkpoint (a random twin of several checkpoints: one fresh draw each, `random@K:`). Rows pair with each
+    other by position, so every row has as many checkpoints as the first."""
     models: dict[str, Model] = {}
+    rows: dict[str, list[str]] = {}
     for value in values:
-        name, sep, model = value.partition("=")
-        if not sep or not model:
-            raise CompareError(f"--model {value}: expected NAME=PATH (e.g. mlm=runs/mlm/final, random=random:runs/mlm/final)")
+        name, sep, given = value.partition("=")
+        if not sep or not given or not all(given.split(",")):
+            raise CompareError(f"--model {value}: expected NAME=PATH or NAME=PATH1,PATH2,... (the checkpoints of one "
+                               "recipe from different pre-training seeds; e.g. mlm=runs/mlm/final, "
+                               "random=random:runs/mlm/final)")
         if not _NAME.fullmatch(name):
             raise CompareError(f"--model {value}: the name {name!r} is not a plain name; expected letters, digits, "
                                "'_', '-' or '.' (it names a folder and a table row)")
-        if name in models:
-            raise CompareError(f"--model {value}: the name {name} is given twice; expected one --model per name")
-        spec = ModelSpec.parse(model)
-        if spec.source.startswith("preset:"):
-            raise CompareError(f"--model {value}: a preset has no vocabulary of its own; expected a checkpoint, or "
-                               "random:PATH for a checkpoint's random twin")
-        models[name] = Model(name, model, spec.source, spec.random, spec.bilstm)
-    if len(models) < 2:
-        raise CompareError(f"--model: {len(models)} model given; a comparison needs at least two (--model A=PATH "
+        if name in rows:
+            raise CompareError(f"--model {value}: the name {name} is given twice; expected one --model per name (its "
+                               "checkpoints as PATH1,PATH2,...)")
+        elements = given.split(",")
+        twice = next((e for i, e in enumerate(elements) if e in elements[:i]), None)
+        if twice is not None:
+            raise CompareError(f"--model {value}: {twice} is given twice; expected each pre-training's checkpoint once")
+        rows[name] = []
+        for position, element in enumerate(elements, start=1):
+            spec = ModelSpec.parse(element)
+            if spec.source.startswith("preset:"):
+                raise CompareError(f"--model {value}: a preset has no vocabulary of its own; expected a checkpoint, "
+                                   "or random:PATH for a checkpoint's random twin")
+            if spec.random and len(elements) > 1 and spec.draw == 1 and position > 1:
+                element = f"random@{position}:" + element.split(":", 1)[1]  # its own fresh draw
+            label = name if position == 1 else f"{name}.{position}"
+            models[label] = Model(label, element, spec.source, spec.random, spec.bilstm,
+                                  name if len(elements) > 1 else None, str(position))
+            rows[name].append(label)
+    if len(rows) < 2:
+        raise CompareError(f"--model: {len(rows)} model given; a comparison needs at least two (--model A=PATH "
                            "B=PATH ...)")
+    clash = next((label for labels in rows.values() for label in labels[1:] if label in rows), None)
+    if clash is not None:
+        raise CompareError(f"--model {clash}=...: {clash} also names another row's checkpoint; rename that row")
+    first = next(iter(rows))
+    for name, labels in rows.items():
+        if len(labels) != len(rows[first]):
+            raise CompareError(f"--model {name}=...: {len(labels)} checkpoint{'s' * (len(labels) != 1)}, {first} has "
+                               f"{len(rows[first])}: rows pair by position (pre-training K with pre-training K), so "
+                               "each needs the same number")
     return models
+
+
+def rows_of(models: dict[str, Model]) -> dict[str, list[Model]]:
+    """The table's rows (recipes) and each row's checkpoints, in order."""
+    rows: dict[str, list[Model]] = {}
+    for model in models.values():
+        rows.setdefault(model.row, []).append(model)
+    return rows
 
 
 def vocabulary_of(model: Model) -> tuple[int, str]:
@@ -262,8 +310,8 @@ def run_compare(models: dict[str, Model], tasks: dict[str, Task], baseline: str,
         for name, twin in same.items():
             found[task.key][name] = found[task.key][twin]
     result = build_result(baseline, seeds, models, tasks, found)
-    for name, twin in same.items():
-        result["models"][name]["same_as"] = twin
+    for row, twin in same_rows(models, same).items():
+        result["models"][row]["same_as"] = twin
     vocabularies = {name: vocabulary_of(m) for name, m in models.items()}
     grids = {describe_grid(space) for space in spaces.values()}
     write_outputs(out, result, "; ".join(f"{key}: {describe_grid(spaces[key])}" for key in tasks)
@@ -277,16 +325,28 @@ def same_models(models: dict[str, Model], baseline: str) -> dict[str, str]:
     the same model and gets the same grid. Two corpora's random twins are, when their vocabularies coincide."""
     seen: dict[str, str] = {}
     same = {}
-    for name in sorted(models, key=lambda n: n != baseline):
+    for name in sorted(models, key=lambda n: models[n].row != baseline):
         model = models[name]
         path = Path(model.path)
         if not model.random_init or not path.is_dir():
             continue
-        digest = hashlib.sha256(f"bilstm={model.bilstm}".encode())
+        digest = hashlib.sha256(f"bilstm={model.bilstm} draw={ModelSpec.parse(model.model).draw}".encode())
         for file in sorted(f for f in path.iterdir() if f.name in RANDOM_TWIN_FILES or f.suffix == ".model"):
             digest.update(file.name.encode() + b"\0" + file.read_bytes())
         same[name] = seen.setdefault(digest.hexdigest(), name)
     return {name: twin for name, twin in same.items() if twin != name}
+
+
+def same_rows(models: dict[str, Model], same: dict[str, str]) -> dict[str, str | dict]:
+    """{row: the row whose grids it took}, from `same_models`' checkpoints: the other row's name when all of the
+    row's checkpoints are that row's, else {checkpoint: the checkpoint it is}."""
+    found: dict[str, str | dict] = {}
+    for row, members in rows_of(models).items():
+        twins = {m.name: same[m.name] for m in members if m.name in same}
+        if twins:
+            others = {models[t].row for t in twins.values()}
+            found[row] = others.pop() if len(twins) == len(members) and len(others) == 1 else twins
+    return found
 
 
 RANDOM_TWIN_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json", "merges.txt",
@@ -320,30 +380,63 @@ def chosen_scores(scores: dict[tuple, dict[int, float]], seeds: list[int], what:
     """A grid's answer: the setting with the best mean over `seeds` and its per-seed scores (0-100), mean and
     standard error ({"setting", "scores", "mean", "se"}); `what` names the grid in the error when no setting has
     a score for every seed."""
-    chosen = choose_setting(scores, seeds)
+    return recipe_scores({"1": scores}, seeds, what)
+
+
+def recipe_scores(grids: dict[str, dict[tuple, dict[int, float]]], seeds: list[int], what: str) -> dict:
+    """A row's answer from the grids of its pre-trainings ({key: {setting: {seed: fraction}}}): the setting with
+    the best mean over every pre-training and seed (as one checkpoint's over its seeds), and at it
+    `pretraining_scores` ({key: per-seed scores, 0-100}), `mean` and `se` over the pre-trainings' means (one
+    pre-training: over its seeds, and `scores` its per-seed scores; several: `scores` the pre-trainings' means,
+    and their `sd_pretraining` beside the pooled `sd_finetuning`)."""
+    pooled: dict[tuple, dict[tuple, float]] = {}
+    for key, scores in grids.items():
+        for setting, by_seed in scores.items():
+            pooled.setdefault(setting, {}).update({(key, s): v for s, v in by_seed.items()})
+    chosen = choose_setting(pooled, [(key, s) for key in grids for s in seeds])
     if chosen is None:
-        raise CompareError(f"{what}: no grid setting has a score for every seed {' '.join(map(str, seeds))} "
-                           "(failed trials? see its grid_results.md)")
-    per_seed = [100 * scores[chosen][s] for s in seeds]
-    mean, se = mean_se(per_seed)
-    return {"setting": _setting(chosen), "scores": per_seed, "mean": mean, "se": se}
+        raise CompareError(f"{what}: no grid setting has a score for every seed {' '.join(map(str, seeds))}"
+                           + (" of every pre-training" if len(grids) > 1 else "") + " (failed trials? see its "
+                           "grid_results.md)")
+    table = {key: [100 * pooled[chosen][key, s] for s in seeds] for key in grids}
+    found = {"setting": _setting(chosen)}
+    if len(grids) == 1:
+        per_seed = next(iter(table.values()))
+        mean, se = mean_se(per_seed)
+        return {**found, "scores": per_seed, "mean": mean, "se": se, "pretraining_scores": table}
+    means = [statistics.fmean(v) for v in table.values()]
+    mean, se = mean_se(means)
+    within = [statistics.variance(v) for v in table.values() if len(v) > 1]
+    return {**found, "scores": means, "mean": mean, "se": se, "pretraining_scores": table,
+            "sd_pretraining": statistics.stdev(means),
+            "sd_finetuning": math.sqrt(statistics.fmean(within)) if within else None}
+
+
+def seeded_table(entry: dict, seeds: list) -> dict:
+    """A row's pretraining_scores as seeded_comparison's table {pre-training: {fine-tuning seed: score}}."""
+    return {key: dict(zip(map(str, seeds), scores, strict=True)) for key, scores in entry["pretraining_scores"].items()}
 
 
 def build_result(baseline: str, seeds: list[int], models: dict[str, Model], tasks: dict[str, Task],
                  found: dict[str, dict[str, dict]]) -> dict:
-    """compare.json from each task's and model's grid scores ({task: {model: {setting: {seed: fraction}}}})."""
-    result = {"baseline": baseline, "seeds": list(seeds),
-              "models": {m.name: {"path": m.path, "random_init": m.random_init, "bilstm": m.bilstm}
-                         for m in models.values()},
-              "tasks": {}}
+    """compare.json from each task's and checkpoint's grid scores ({task: {checkpoint: {setting: {seed:
+    fraction}}}}): a row per recipe, its pre-trainings paired with the baseline's by key (`seeded_comparison`)."""
+    rows = rows_of(models)
+    result = {"baseline": baseline, "seeds": list(seeds), "models": {}, "tasks": {}}
+    for row, members in rows.items():
+        first = members[0]
+        result["models"][row] = {"path": first.path, "random_init": first.random_init, "bilstm": first.bilstm}
+        if len(members) > 1:
+            result["models"][row]["checkpoints"] = [m.path for m in members]
     for task in tasks.values():
         entry = {"metric": task.metric, "labels": task.labels, "models": {}, "vs_baseline": {}}
-        for name in models:
-            entry["models"][name] = chosen_scores(found[task.key][name], seeds, f"{task.key}, {name}")
-        for name in models:
-            if name != baseline:
-                entry["vs_baseline"][name] = paired_comparison(entry["models"][name]["scores"],
-                                                               entry["models"][baseline]["scores"])
+        for row, members in rows.items():
+            entry["models"][row] = recipe_scores({m.key: found[task.key][m.name] for m in members}, seeds,
+                                                 f"{task.key}, {row}")
+        for row in rows:
+            if row != baseline:
+                entry["vs_baseline"][row] = seeded_comparison(seeded_table(entry["models"][row], seeds),
+                                                              seeded_table(entry["models"][baseline], seeds))
         result["tasks"][task.key] = entry
     return result
 
@@ -374,21 +467,30 @@ def markdown_table(result: dict) -> list[str]:
     return md_table(header, rows)
 
 
-def same_model_lines(result: dict) -> list[str]:
-    """A paragraph naming the models that are another's (`same_models`), or nothing."""
-    same = {name: m["same_as"] for name, m in result["models"].items() if "same_as" in m}
-    return [" ".join(f"{name} is the same model as {twin} (fresh weights from the same config and vocabulary, the "
-                     "same seeds): its scores are that grid's." for name, twin in same.items()), ""] if same else []
+def unit_text(result: dict) -> str:
+    """What the table's ± and verdicts count, in one sentence."""
+    seeds = result["seeds"]
+    found = next((d for entry in result["tasks"].values() for d in entry["vs_baseline"].values()), None)
+    counts = {len(m["pretraining_scores"]) for entry in result["tasks"].values() for m in entry["models"].values()}
+    n = max(counts, default=1)
+    if n > 1:
+        unit = (f"Mean ± standard error over {n} pre-trainings of each recipe, each pre-training's score the mean over "
+                f"fine-tuning seeds {', '.join(map(str, seeds))} (scores 0-100): the SE counts pre-trainings, so a "
+                "verdict speaks about the recipes")
+    else:
+        unit = (f"Mean ± standard error over fine-tuning seeds {', '.join(map(str, seeds))} (scores 0-100), one "
+                "pre-training a model: a verdict speaks about these checkpoints, not the recipes that made them")
+    if found is None:
+        return unit + "."
+    return (unit + f"; in brackets the paired difference from {result['baseline']} ± its SE ({scope_text(found)}) "
+            "and the verdict: ahead or behind when its 95% interval (Student's t) lies wholly above or below zero, "
+            "else level.")
 
 
 def markdown(result: dict, grid: str = "", vocabularies: dict | None = None) -> str:
-    seeds = result["seeds"]
-    lines = ["# Comparison", "", *markdown_table(result), "",
-             f"Mean ± standard error over seeds {', '.join(map(str, seeds))} (scores 0-100); in brackets the mean "
-             f"per-seed difference from {result['baseline']} ± its standard error, and the verdict: ahead or "
-             "behind beyond 2 standard errors, else level. Every model ran the same grid with the same seeds (so "
-             "the same data order and label subset per seed); each model's setting is the one with the best mean "
-             "dev score over the seeds.", ""]
+    lines = ["# Comparison", "", *markdown_table(result), "", unit_text(result) + " Every model ran the same grid "
+             "with the same seeds (so the same data order and label subset per seed); each model's setting is the one "
+             "with the best mean dev score over its seeds (and pre-trainings).", ""]
     if grid:
         lines += [f"Grid: {grid}.", ""]
     if vocabularies and len({v for v in vocabularies.values()}) > 1:
@@ -398,19 +500,32 @@ def markdown(result: dict, grid: str = "", vocabularies: dict | None = None) -> 
     lines += [*same_model_lines(result), "## Per task", ""]
     for key, entry in result["tasks"].items():
         labels = f", first {entry['labels']:,} training examples" if entry["labels"] else ""
+        several = any(len(m["pretraining_scores"]) > 1 for m in entry["models"].values())
         rows = []
         for name, model in entry["models"].items():
             setting = model["setting"]
             versus = entry["vs_baseline"].get(name)
+            shown = ("; ".join(f"{k}: {statistics.fmean(v):.2f}" for k, v in model["pretraining_scores"].items())
+                     if several else ", ".join(f"{v:.2f}" for v in model["scores"]))
+            spread = ([f"{model['sd_pretraining']:.2f}", f"{model['sd_finetuning']:.2f}"] if several and
+                      model.get("sd_finetuning") is not None else ["", ""] if several else [])
             rows.append([name, f"lr {setting['learning_rate']:g}, batch {setting['batch_size']}, "
-                         f"epochs {setting['epochs']:g}", ", ".join(f"{v:.2f}" for v in model["scores"]),
-                         f"{model['mean']:.2f} ± {model['se']:.2f}",
+                         f"epochs {setting['epochs']:g}", shown, f"{model['mean']:.2f} ± {model['se']:.2f}", *spread,
                          "" if versus is None else f"{versus['difference']:+.2f} ± {versus['se']:.2f} "
-                         f"[{versus['ci95'][0]:+.2f}, {versus['ci95'][1]:+.2f}] {versus['verdict']}"])
-        lines += [f"### {key} ({entry['metric']}{labels})", "",
-                  *md_table(["model", "setting", "per-seed scores", "mean ± SE",
-                             f"vs {result['baseline']} ± SE [95% interval]"], rows), ""]
+                         f"[{versus['ci95'][0]:+.2f}, {versus['ci95'][1]:+.2f}] {versus['verdict']}"
+                         + (f", ahead in {versus['first_ahead_in']} of {versus['pretrainings']}" if several else "")])
+        header = ["model", "setting", "per pre-training (mean over seeds)" if several else "per-seed scores",
+                  "mean ± SE", *(["SD pre-training", "SD fine-tuning"] if several else []),
+                  f"vs {result['baseline']} ± SE [95% interval]"]
+        lines += [f"### {key} ({entry['metric']}{labels})", "", *md_table(header, rows), ""]
     return "\n".join(lines)
+
+
+def same_model_lines(result: dict) -> list[str]:
+    """A paragraph naming the models that are another's (`same_models`), or nothing."""
+    same = {name: m["same_as"] for name, m in result["models"].items() if "same_as" in m}
+    return [" ".join(f"{name} is the same model as {twin} (fresh weights from the same config and vocabulary, the "
+                     "same seeds): its scores are that grid's." for name, twin in same.items()), ""] if same else []
 
 
 def plot(result: dict, path: Path) -> Path:
@@ -424,17 +539,25 @@ def plot(result: dict, path: Path) -> Path:
 
 
 def bars(ax, result: dict) -> None:
-    """compare.png's grouped bars drawn on `ax` (also a panel of an ablation's figure)."""
+    """compare.png's grouped bars drawn on `ax` (also a panel of an ablation's figure): mean ± SE, and with several
+    pre-trainings a model, a dot per pre-training (its mean over the fine-tuning seeds) on each bar."""
     tasks, models = list(result["tasks"]), list(result["models"])
     width = 0.8 / len(models)
+    several = 1
     for i, name in enumerate(models):
-        means = [result["tasks"][t]["models"][name]["mean"] for t in tasks]
-        errors = [result["tasks"][t]["models"][name]["se"] or 0 for t in tasks]
-        ax.bar([k + (i - (len(models) - 1) / 2) * width for k in range(len(tasks))], means, width, yerr=errors,
-               capsize=2, label=name, color=f"C{i}")  # model i's colour: an ablation's curve panels take it too
+        entries = [result["tasks"][t]["models"][name] for t in tasks]
+        where = [k + (i - (len(models) - 1) / 2) * width for k in range(len(tasks))]
+        ax.bar(where, [e["mean"] for e in entries], width, yerr=[e["se"] or 0 for e in entries], capsize=2,
+               label=name, color=f"C{i}")  # model i's colour: an ablation's curve panels take it too
+        for x, entry in zip(where, entries, strict=True):
+            means = [statistics.fmean(v) for v in entry.get("pretraining_scores", {}).values()]
+            if len(means) > 1:
+                several = max(several, len(means))
+                ax.scatter([x] * len(means), means, s=10, color="k", zorder=3)
     ax.set_xticks(range(len(tasks)), labels=[textwrap.fill(f"{t} ({result['tasks'][t]['metric']})", 14)
                                              for t in tasks])
-    ax.set(ylabel="dev score (0-100)", title=f"mean ± SE over {len(result['seeds'])} seeds")
+    ax.set(ylabel="dev score (0-100)", title=f"mean ± SE over {several} pre-trainings (dots), {len(result['seeds'])} "
+           "seeds each" if several > 1 else f"mean ± SE over {len(result['seeds'])} seeds")
     long = max(map(len, models)) > 12  # long names: one column beside the bars, not a row under them
     ax.legend(fontsize=8, ncols=1 if long else min(len(models), 5), loc="center left" if long else "upper center",
               bbox_to_anchor=(1.01, 0.5) if long else (0.5, -0.15))

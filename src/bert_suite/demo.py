@@ -25,7 +25,7 @@ from pathlib import Path
 
 from .io import atomic_write_text
 from .pretraining.text_files import iter_documents
-from .report import choose_setting, paired_difference, seed_scores
+from .report import choose_setting, one_checkpoint, paired_difference, seed_scores, seeded_comparison
 
 REPO = Path(__file__).resolve().parents[2]
 HELDOUT_SHARE = 0.3  # of the stdlib's documents, kept out of pre-training for the task
@@ -117,13 +117,17 @@ def plot_pretraining(metrics_file: Path, out: Path) -> Path:
 
 
 def verdict(pretrained: list[float], random_init: list[float], n: int) -> str:
-    """The mean paired difference in points with its standard error, so that a gap within the
-    noise of fine-tuning is not read as a win: "beats" only above two standard errors."""
-    mean, se = paired_difference(pretrained, random_init)
-    gap, se = 100 * mean, 100 * se
-    word = "beats" if gap > 2 * se else "does not clearly beat" if gap > 0 else "does not beat"
+    """The mean paired difference in points with its standard error and 95% interval, so that a gap within the
+    noise of fine-tuning is not read as a win: "beats" only when the interval lies above zero (`seeded_comparison`:
+    one pre-training, so a verdict about this checkpoint)."""
+    seeds = list(range(1, len(pretrained) + 1))
+    found = seeded_comparison(one_checkpoint([100 * v for v in pretrained], seeds),
+                              one_checkpoint([100 * v for v in random_init], seeds))
+    gap, se, (low, high) = found["difference"], found["se"], found["ci95"]
+    word = "beats" if found["verdict"] == "ahead" else "does not clearly beat" if gap > 0 else "does not beat"
     return (f"Pre-trained {word} random initialisation: {gap:+.1f} points (mean paired difference over "
-            f"{len(pretrained)} seeds), standard error {se:.1f} (dev set of {n:,} sentences).")
+            f"{len(pretrained)} seeds), standard error {se:.1f}, 95% interval [{low:+.1f}, {high:+.1f}] (dev set of "
+            f"{n:,} sentences).")
 
 
 def _setting_text(setting: tuple) -> str:

@@ -88,19 +88,97 @@ def mean_se(values: list[float]) -> tuple[float, float | None]:
     return mean, (statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else None)
 
 
-VERDICT_SE = 2.0  # a paired difference beyond this many standard errors is a verdict, not noise
+BOOTSTRAP_FROM = 5  # pre-training seeds from which a Multi-Bootstrap interval is given beside the t interval
+BOOTSTRAP_DRAWS = 2000
 
 
-def paired_comparison(first: list[float], second: list[float]) -> dict:
-    """first - second, paired by seed: the mean difference, its standard error (`paired_difference`), a 95%
-    interval from Student's t with n - 1 degrees of freedom, and a verdict: "ahead" when the difference
-    exceeds VERDICT_SE standard errors, "behind" below minus that, else "level"."""
+def seeded_comparison(first: dict, second: dict) -> dict:
+    """first - second, two tables {pre-training seed: {fine-tuning seed: score}} of the same seeds: the quantity of
+    interest is a recipe's expected score over pre-training seeds (the MultiBERTs' view, Sellam et al. 2021), so
+    the arms pair by pre-training seed and a pre-training's score is the mean over its fine-tuning runs.
+
+    - Two or more pre-training seeds (`scope` "recipes"): d_s = the mean over fine-tuning seeds of first - second
+      for pre-training seed s; `difference` = mean of d_s, `se` = sd(d_s) / sqrt(n), `df` = n - 1.
+    - One (`scope` "checkpoints"): the per-seed differences over fine-tuning seeds; `df` = their number - 1.
+    `ci95` is Student's t interval with `df`; `verdict` "ahead" when all of it is above zero, "behind" when below,
+    else "level", so a verdict never disagrees with its interval. Beside them: `pretrainings` and `finetunings`
+    (seeds per pre-training), `sd_pretraining` (of d_s; None with one), `sd_finetuning` (of the per-seed
+    differences within a pre-training, pooled), `first_ahead_in` (pre-trainings with d_s > 0) and, from
+    BOOTSTRAP_FROM pre-training seeds, `bootstrap95`: a Multi-Bootstrap percentile interval (pre-training seeds
+    and, within each, fine-tuning seeds drawn with replacement, the same draw for both arms)."""
     from scipy.stats import t
 
-    difference, se = paired_difference(first, second)
-    half = float(t.ppf(0.975, len(first) - 1)) * se
-    verdict = "ahead" if difference > VERDICT_SE * se else "behind" if difference < -VERDICT_SE * se else "level"
-    return {"difference": difference, "se": se, "ci95": [difference - half, difference + half], "verdict": verdict}
+    tables = [{str(k): {str(f): float(v) for f, v in dict(by_seed).items()} for k, by_seed in dict(x).items()}
+              for x in (first, second)]
+    if set(tables[0]) != set(tables[1]):
+        differ = sorted(set(tables[0]) ^ set(tables[1]))
+        raise ValueError(f"the two tables pair by pre-training seed, but seeds {', '.join(differ)} are in one only; "
+                         "expected the same pre-training seeds in both")
+    if not tables[0]:
+        raise ValueError("no pre-training seed: expected {pre-training seed: {fine-tuning seed: score}}")
+    pretrainings = list(tables[0])
+    for seed in pretrainings:
+        a, b = tables[0][seed], tables[1][seed]
+        if set(a) != set(b) or not a:
+            differ = sorted(set(a) ^ set(b))
+            raise ValueError(f"pre-training seed {seed}: fine-tuning seeds {', '.join(differ) or '(none)'} are in one "
+                             "table only; expected the same fine-tuning seeds for both")
+    diffs = {s: [tables[0][s][f] - tables[1][s][f] for f in tables[0][s]] for s in pretrainings}
+    within = [statistics.variance(d) for d in diffs.values() if len(d) > 1]
+    sd_finetuning = math.sqrt(statistics.fmean(within)) if within else None
+    if len(pretrainings) > 1:
+        units, scope = [statistics.fmean(d) for d in diffs.values()], "recipes"
+    else:
+        units, scope = diffs[pretrainings[0]], "checkpoints"
+        if len(units) < 2:
+            raise ValueError("one pre-training seed and one fine-tuning seed: a standard error needs two or more "
+                             "seeds of either kind")
+    n = len(units)
+    difference, sd = statistics.fmean(units), statistics.stdev(units)
+    se, df = sd / math.sqrt(n), n - 1
+    half = float(t.ppf(0.975, df)) * se
+    ci95 = [difference - half, difference + half]
+    means = [statistics.fmean(d) for d in diffs.values()]
+    result = {"difference": difference, "se": se, "ci95": ci95, "df": df, "scope": scope,
+              "verdict": "ahead" if ci95[0] > 0 else "behind" if ci95[1] < 0 else "level",
+              "pretrainings": len(pretrainings), "finetunings": max(len(d) for d in diffs.values()),
+              "sd_pretraining": statistics.stdev(means) if len(means) > 1 else None, "sd_finetuning": sd_finetuning,
+              "first_ahead_in": sum(m > 0 for m in means)}
+    if len(pretrainings) >= BOOTSTRAP_FROM:
+        result["bootstrap95"] = multi_bootstrap([diffs[s] for s in pretrainings])
+    return result
+
+
+def multi_bootstrap(diffs: list[list[float]], draws: int = BOOTSTRAP_DRAWS, seed: int = 0) -> list[float]:
+    """The 95% percentile interval of the mean paired difference when the pre-training seeds, and within each its
+    fine-tuning seeds, are drawn again with replacement (`diffs`: per pre-training seed, its per-fine-tuning-seed
+    differences)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    width = max(map(len, diffs))
+    table = np.array([d + [np.nan] * (width - len(d)) for d in diffs])  # (pre-training seeds, fine-tuning seeds)
+    counts = np.array([len(d) for d in diffs])
+    rows = rng.integers(0, len(diffs), size=(draws, len(diffs)))  # (draws, n): the pre-trainings drawn
+    cols = (rng.random((draws, len(diffs), width)) * counts[rows][..., None]).astype(int)  # within each, its seeds
+    picked = table[rows[..., None], cols]  # (draws, n, width)
+    keep = np.arange(width)[None, None, :] < counts[rows][..., None]  # a shorter row draws only its own seeds
+    stats = (np.where(keep, picked, 0).sum(-1) / counts[rows]).mean(-1)
+    low, high = np.percentile(stats, [2.5, 97.5])
+    return [float(low), float(high)]
+
+
+def one_checkpoint(scores: list[float], seeds: list) -> dict:
+    """A list of per-seed scores as seeded_comparison's table of one pre-training: {"1": {seed: score}}."""
+    return {"1": dict(zip(map(str, seeds), scores, strict=True))}
+
+
+def scope_text(comparison: dict) -> str:
+    """What a verdict's SE counts, for a table's note: "SE over 3 pre-trainings x 5 fine-tuning seeds", or "these
+    checkpoints: SE over 5 fine-tuning seeds"."""
+    if comparison["scope"] == "recipes":
+        return f"SE over {comparison['pretrainings']} pre-trainings x {comparison['finetunings']} fine-tuning seeds"
+    return f"these checkpoints: SE over {comparison['finetunings']} fine-tuning seeds"
 
 
 def _is_score(key: str) -> bool:

@@ -241,23 +241,30 @@ class ModelSpec:
     size), after any of two prefixes: `random:` (the checkpoint's config and vocabulary with fresh weights: its
     random twin, the floor a pre-trained model is compared with) and `bilstm:` (a randomly initialised BiLSTM
     between the encoder and the head: the "+ BiLSTM" row of the paper's Table 5). E.g. `random:runs/x/final`,
-    `bilstm:runs/ltr/final`."""
+    `bilstm:runs/ltr/final`. `random@K:PATH` is the K-th draw of the twin (K = 1: `random:`): one draw per
+    pre-training when a row has several checkpoints of one config, so its twins differ as its checkpoints do."""
 
     source: str
     random: bool = False
     bilstm: bool = False
+    draw: int = 1
 
     @classmethod
     def parse(cls, model: str) -> ModelSpec:
-        flags, rest = {"random": False, "bilstm": False}, model
-        while (prefix := rest.split(":", 1)[0]) in flags and ":" in rest:
+        flags, rest, draw = {"random": False, "bilstm": False}, model, 1
+        while ":" in rest and ((prefix := rest.split(":", 1)[0]) in flags or prefix.startswith("random@")):
+            if prefix.startswith("random@"):
+                count = prefix.removeprefix("random@")
+                if not count.isdigit() or int(count) < 1:
+                    raise RunError(f"--model {model}: {prefix}: expected random@K with K a draw number (1, 2, ...)")
+                prefix, draw = "random", int(count)
             flags[prefix], rest = True, rest.split(":", 1)[1]
         if not rest:
             raise RunError(f"--model {model}: no checkpoint after the prefix; expected e.g. random:runs/x/final")
         if flags["random"] and rest.startswith("preset:"):
             raise RunError(f"--model {model}: a preset is random weights already; give preset:NAME, or random:PATH "
                            "for a checkpoint's random twin")
-        return cls(rest, **flags)
+        return cls(rest, **flags, draw=draw)
 
 
 def checkpoint_of(model: str) -> str:
@@ -289,7 +296,11 @@ def load_model(card: TaskCard, model: str, max_seq_length: int, vocab_size: int 
             raise RunError(f"max_seq_length {max_seq_length} exceeds the {'preset' if not spec.random else 'model'}'s "
                            f"max_position_embeddings ({config.max_position_embeddings}) of {model}; pass --max_seq_length "
                            f"{config.max_position_embeddings} or less")
-        return adapter.MODEL_CLASS(config)
+        if spec.draw == 1:
+            return adapter.MODEL_CLASS(config)
+        with torch.random.fork_rng(devices=[]):  # draw K: other weights from the same seed; the stream after it as draw 1's
+            torch.manual_seed((torch.initial_seed() + 1_000_003 * (spec.draw - 1)) % 2**63)
+            return adapter.MODEL_CLASS(config)
     check_checkpoint_folder(model)
     try:
         loaded = adapter.MODEL_CLASS.from_pretrained(model, **labels)

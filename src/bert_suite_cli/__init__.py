@@ -190,10 +190,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     comp = sub.add_parser("compare", help="several checkpoints on the same tasks, grid and seeds, each against a "
                           "baseline seed by seed (a pre-training ablation; extra flags are TrainingArguments)")
-    comp.add_argument("--model", action="extend", nargs="+", required=True, metavar="NAME=PATH",
+    comp.add_argument("--model", action="extend", nargs="+", required=True, metavar="NAME=PATH[,PATH...]",
                       help="a model to compare (two or more; repeat the flag or list them): a checkpoint folder or Hub "
                       "id; random:PATH is PATH's config and vocabulary with fresh weights (its random twin); "
-                      "bilstm:PATH adds a randomly initialised BiLSTM before the head (Table 5's + BiLSTM)")
+                      "bilstm:PATH adds a randomly initialised BiLSTM before the head (Table 5's + BiLSTM). "
+                      "NAME=PATH1,PATH2,PATH3: one recipe's checkpoints from different pre-training seeds (every model "
+                      "as many; they pair by position), so a verdict speaks about the recipes, not one checkpoint each")
     comp.add_argument("--baseline", required=True, metavar="NAME", help="the model every other is compared with")
     comp.add_argument("--task", dest="tasks", action="extend", nargs="+", required=True, metavar="TASK[@LABELS]",
                       help="task cards to fine-tune on; TASK@N keeps the first N training examples (the same N for "

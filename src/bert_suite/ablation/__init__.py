@@ -76,8 +76,7 @@ def run_ablation(path: str | Path, output_dir: str | Path, until: str = "compare
                               only if study.pretraining.steps is not None else None)
             check_study_tasks(study, data_dirs, data)
             steps = plan_steps(study, out, data, progress)
-        every = {run.name: out / "pretraining" / run.name for run in study.runs()}
-        runs = {name: out / "pretraining" / name for name in study.pretrained}
+        runs = {run.name: out / "pretraining" / run.name for run in study.runs()}
         if worker:  # a --workers helper: the grids only (those ready, while others still pre-train)
             if all(finished_steps(run) == steps for run in runs.values()):
                 fine_tune(study, out, runs, steps, data_dirs, storage, progress, worker=True)
@@ -97,7 +96,7 @@ def run_ablation(path: str | Path, output_dir: str | Path, until: str = "compare
             while all(passed_over(out, name, starts) for name in held):
                 time.sleep(WAIT_POLL)
         if only:
-            left = [n for n, run in every.items() if finished_steps(run) is None]
+            left = [n for n, run in runs.items() if finished_steps(run) is None]
             done = [r.name for r in study.runs(only, seeds)]
             progress.stage("pretraining", f"{', '.join(done)} done" + (
                 f"; not yet pre-trained: {', '.join(left)}" if left else "; every run is pre-trained"))

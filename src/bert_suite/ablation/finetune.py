@@ -17,7 +17,6 @@ from ..compare import (
     Task,
     build_result,
     check_tasks,
-    chosen_scores,
     grid_folder,
     grid_scores,
     grid_space,
@@ -54,16 +53,33 @@ def fine_tuning_checkpoint(folder: Path, size: str) -> Path:
     return twin
 
 
-def models_of(study: Study, runs: dict[str, Path], names=None) -> dict[str, Model]:
-    """Every variant (or those in `names`) as compare's Model, in the file's order: a pre-trained one's final
-    checkpoint, or its source's with fresh weights (random_init) or a BiLSTM before the head."""
-    models = {}
+def checkpoints_of(study: Study) -> list[tuple[str, str, object, int]]:
+    """(checkpoint name, variant, the pre-training run it starts from, its position among the variant's seeds) for
+    every variant's checkpoints, in the file's order: one per pre-training seed (`Study.runs` of the variant or
+    its source), named by `run_name`."""
+    from .study import run_name
+
+    found = []
     for name, variant in study.variants.items():
-        if names is not None and name not in names:
+        seeds = study.seeds_of(name)
+        for position, run in enumerate(study.runs([variant.source or name]), start=1):
+            found.append((run_name(name, seeds, run.seed), name, run, position))
+    return found
+
+
+def models_of(study: Study, runs: dict[str, Path], ready: list[str] | None = None) -> dict[str, Model]:
+    """Every variant's checkpoints (`checkpoints_of`; with `ready`, those whose run is among these run names) as
+    compare's Models: a pre-trained run's final checkpoint, or its source's run with fresh weights (random_init:
+    one draw per seed, `random@K:`) or a BiLSTM before the head; each keyed by its seed in the variant's row."""
+    models = {}
+    for label, name, run, position in checkpoints_of(study):
+        if ready is not None and run.name not in ready:
             continue
-        start = str(fine_tuning_checkpoint(runs[variant.source or name] / "final", study.size(variant.source or name)))
-        prefix = "random:" if variant.random_init else "bilstm:" if variant.bilstm else ""
-        models[name] = Model(name, prefix + start, start, variant.random_init, variant.bilstm)
+        variant = study.variants[name]
+        start = str(fine_tuning_checkpoint(runs[run.name] / "final", study.size(run.variant)))
+        prefix = (f"random@{position}:" if position > 1 else "random:") if variant.random_init else \
+            "bilstm:" if variant.bilstm else ""
+        models[label] = Model(label, prefix + start, start, variant.random_init, variant.bilstm, name, str(run.seed))
     return models
 
 
@@ -98,8 +114,9 @@ def check_study_tasks(study: Study, data_dirs: list, data: dict) -> None:
 
 def fine_tune(study: Study, out: Path, runs: dict[str, Path], steps: int, data_dirs: list, storage: str | None,
               progress: Progress | None, worker: bool = False) -> tuple[dict, dict]:
-    """`compare` of every variant (OUT/compare), the feature-based route (not in a `worker`), then the curve's
-    grids (OUT/curve): compare.json's content and {variant: {task: [{step, mean, se, scores}]}}."""
+    """`compare` of every variant's checkpoints (OUT/compare), the feature-based route (not in a `worker`), then
+    the curve's grids (OUT/curve): compare.json's content and {variant: {task: [{step, mean, se, scores,
+    pretraining_scores}]}}. `runs`: every run's folder, by run name."""
     models = models_of(study, runs)
     tasks, spaces = tuned_tasks(study, data_dirs)
     max_len = study.compare.max_seq_length
@@ -109,7 +126,8 @@ def fine_tune(study: Study, out: Path, runs: dict[str, Path], steps: int, data_d
         raise AblationError(f"{study.path}: compare: {err}") from None
     seeds = study.compare.seeds
     checkpoints = study.pretraining.checkpoints
-    total = len(tasks) * len(models) + len(study.curve_variants) * len(study.curve_tasks) * len(checkpoints) \
+    curve_runs = sum(len(study.seeds_of(n)) for n in study.curve_variants)
+    total = len(tasks) * len(models) + curve_runs * len(study.curve_tasks) * len(checkpoints) \
         + (len(study.tasks) - len(tasks)) * len(models)
     clock = {"done": 0, "started": time.time()}
 
@@ -130,20 +148,19 @@ def fine_tune(study: Study, out: Path, runs: dict[str, Path], steps: int, data_d
                            for t in study.tasks}
     curve_tasks = {key: resolve_task(key, data_dirs or None, flag="task") for key in study.curve_tasks}
 
-    def grid(name: str, key: str, step: int) -> dict:
-        if step == steps and key in result["tasks"]:  # the compare stage's own grid
-            clock["done"] += 1
+    def final(name: str, key: str) -> dict | None:
+        if key in result["tasks"]:  # the compare stage's own grids
+            clock["done"] += len(study.seeds_of(name))
             return result["tasks"][key]["models"][name]
-        model, scores = curve_grid(study, out, runs, steps, name, curve_tasks[key], step, spaces, storage, log)
-        try:
-            return chosen_scores(scores, seeds, f"curve: {key} with {model.name}")
-        except CompareError as err:
-            raise AblationError(f"{err} ({out / 'curve' / key / model.name})") from None
+        return None
+
+    def grid(run, key: str, step: int) -> dict:
+        return curve_grid(study, out, runs, steps, run.name, curve_tasks[key], step, spaces, storage, log)[1]
 
     def skip() -> None:
         clock["done"] += 1
 
-    curve = curve_of(study, runs, list(curve_tasks), steps, grid, skip)
+    curve = curve_of(study, out, list(curve_tasks), steps, grid, final, skip)
     return result, curve
 
 
@@ -152,10 +169,11 @@ FINE_TUNING = {"disable_tqdm": True}  # the grids' TrainingArguments overrides
 
 def curve_grid(study: Study, out: Path, runs: dict[str, Path], steps: int, name: str, task: Task, step: int,
                spaces: dict, storage: str | None, log) -> tuple[Model, dict]:
-    """One point of the curve: `name`'s snapshot at `step` (its final checkpoint at the last step) through the
-    task's grid in OUT/curve/TASK/NAME@STEP."""
+    """One run's point of the curve: run `name`'s snapshot at `step` (its final checkpoint at the last step)
+    through the task's grid in OUT/curve/TASK/NAME@STEP."""
     folder = runs[name] / ("final" if step == steps else f"snapshots/step-{step}")
-    start = str(fine_tuning_checkpoint(folder, study.size(name)))
+    size = study.size(next(r.variant for r in study.runs() if r.name == name))
+    start = str(fine_tuning_checkpoint(folder, size))
     model = Model(f"{name}@{step}", start, start, False, False)
     log(f"curve: curve, {task.key} with {model.name} ({start})")
     return model, grid_scores(task, model, spaces.get(task.key) or space_of(study, task, None),
@@ -172,28 +190,28 @@ def kept_past(run: Path, step: int) -> bool:
     return any(int(c.name.split("-")[1]) >= step for c in complete_checkpoints(run / "checkpoints"))
 
 
-def ready_variants(study: Study, runs: dict[str, Path], steps: int) -> list[str]:
-    """The variants whose fine-tuning can start, in the file's order: a pre-trained one whose run is finished, a
-    fine-tuning-only one whose source's is."""
+def ready_runs(study: Study, runs: dict[str, Path], steps: int) -> list[str]:
+    """The runs whose fine-tuning can start: those finished, in `Study.runs`' order."""
     from .stages import finished_steps
 
-    done = {name for name in study.pretrained if finished_steps(runs[name]) == steps}
-    return [name for name, variant in study.variants.items() if (variant.source or name) in done]
+    return [run.name for run in study.runs() if finished_steps(runs[run.name]) == steps]
 
 
 def early_grids(study: Study, out: Path, runs: dict[str, Path], steps: int, data_dirs: list, storage: str | None,
                 progress: Progress | None, worker: bool = False) -> int:
-    """While other processes still pre-train some variants: the grids that need only what is done already, in
-    the folders the compare stage will use (it then finds them done): compare's for each variant ready
-    (`ready_variants`), and the curve's for each snapshot written, a run's last step once it is finished. A grid
-    whose model could yet turn out to be another's (a random twin behind one not ready, a snapshot behind an
-    earlier curve variant's missing one) waits for the compare stage, and so does the snapshot of an unfinished
-    run past its last checkpoint (`kept_past`). Returns how many grids it went through (done ones included)."""
-    ready = ready_variants(study, runs, steps)
+    """While other processes still pre-train some runs: the grids that need only what is done already, in the
+    folders the compare stage will use (it then finds them done): compare's for each checkpoint whose run is
+    finished (a fine-tuning-only variant's once its source run is), and the curve's for each snapshot written, a
+    run's last step once it is finished. A grid whose model could yet turn out to be another's (a random twin
+    behind one not ready, a snapshot behind an earlier curve point's missing one) waits for the compare stage,
+    and so does the snapshot of an unfinished run past its last checkpoint (`kept_past`). Returns how many grids
+    it went through (done ones included)."""
+    ready = ready_runs(study, runs, steps)
     tasks, spaces = tuned_tasks(study, data_dirs)
     models = models_of(study, runs, ready)
-    order = sorted(study.variants, key=lambda n: n != study.compare.baseline)  # compare's order for twins
-    fresh = [n for n in order if study.variants[n].random_init]
+    every = checkpoints_of(study)
+    order = [label for label, name, *_ in sorted(every, key=lambda c: c[1] != study.compare.baseline)]  # compare's
+    fresh = [label for label in order if study.variants[next(n for lb, n, *_ in every if lb == label)].random_init]
     twins = same_models(models, study.compare.baseline)
     todo = [name for name in models if name not in twins
             and (name not in fresh or all(n in models for n in fresh[:fresh.index(name)]))]
@@ -201,7 +219,7 @@ def early_grids(study: Study, out: Path, runs: dict[str, Path], steps: int, data
 
     def log(line: str) -> None:
         if progress is not None and not worker:
-            waiting = [n for n in study.pretrained if n not in ready]
+            waiting = [r.name for r in study.runs() if r.name not in ready]
             progress.stage("compare", f"early, while {', '.join(waiting)} pre-train{'s' * (len(waiting) == 1)}: "
                            f"{line.split(': ', 1)[-1]}")
 
@@ -217,45 +235,64 @@ def early_grids(study: Study, out: Path, runs: dict[str, Path], steps: int, data
     for name in study.curve_variants:
         for key, task in curve_tasks.items():
             for step in study.pretraining.checkpoints:
-                if step == steps:  # the final checkpoint: compare's grid, or its own once the run is finished
-                    if key not in tasks and name in ready:
-                        curve_grid(study, out, runs, steps, name, task, step, spaces, storage, log)
+                for run in study.runs([name]):
+                    if step == steps:  # the final checkpoint: compare's grid, or its own once the run is finished
+                        if key not in tasks and run.name in ready:
+                            curve_grid(study, out, runs, steps, run.name, task, step, spaces, storage, log)
+                            ran += 1
+                        continue
+                    digest = snapshot_digest(runs[run.name] / "snapshots" / f"step-{step}")
+                    if digest is not None and (digest, key) in first:
+                        continue  # a copy of one fine-tuned here: the compare stage takes that point
+                    if digest is None or not (run.name in ready or kept_past(runs[run.name], step)):
+                        missing = True  # not written, or a resume could write it again: not yet
+                        continue
+                    first.add((digest, key))
+                    if not missing:
+                        curve_grid(study, out, runs, steps, run.name, task, step, spaces, storage, log)
                         ran += 1
-                    continue
-                digest = snapshot_digest(runs[name] / "snapshots" / f"step-{step}")
-                if digest is not None and (digest, key) in first:
-                    continue  # a copy of one fine-tuned here: the compare stage takes that point
-                if digest is None or not (name in ready or kept_past(runs[name], step)):
-                    missing = True  # not written, or a resume could write it again: not yet
-                    continue
-                first.add((digest, key))
-                if not missing:
-                    curve_grid(study, out, runs, steps, name, task, step, spaces, storage, log)
-                    ran += 1
     return ran
 
 
-def curve_of(study: Study, runs: dict[str, Path], keys: list[str], steps: int, grid, skip=lambda: None) -> dict:
-    """{variant: {task: [{step, mean, se, scores}]}} over the study's checkpoints, each point from
-    `grid(variant, task, step)`. A snapshot that is byte for byte one fine-tuned already (a biphasic run started
-    from the left-to-right run's checkpoint has copies of its snapshots up to that step) takes that point,
-    marked `"from": variant`, and `skip()` is called instead of a grid: the same weights, the same grid."""
+def curve_of(study: Study, out: Path, keys: list[str], steps: int, grid, final=lambda name, key: None,
+             skip=lambda: None) -> dict:
+    """{variant: {task: [{step, mean, se, scores, pretraining_scores}]}} over the study's checkpoints: at each step
+    the variant's row over its runs (`recipe_scores` of `grid(run, task, step)`, each run's grid scores), or at the
+    last step `final(variant, task)` where it gives the compare stage's row. A snapshot that is byte for byte one
+    fine-tuned already (a biphasic run started from the left-to-right run's checkpoint has copies of its
+    snapshots up to that step) takes that grid, and `skip()` is called instead; a point whose every run did so
+    is marked `"from": variant`: the same weights, the same grid."""
+    from ..compare import recipe_scores
+
     curve: dict = {}
-    first: dict[tuple, tuple[str, dict]] = {}  # (snapshot digest, task) -> the variant and point fine-tuned
+    first: dict[tuple, tuple[str, dict]] = {}  # (snapshot digest, task) -> the variant and the grid fine-tuned
     for name in study.curve_variants:
         for key in keys:
             points = []
             for step in study.pretraining.checkpoints:
-                digest = snapshot_digest(runs[name] / "snapshots" / f"step-{step}") if step < steps else None
-                if digest and (digest, key) in first:
-                    donor, point = first[digest, key]
-                    points.append({**point, "from": donor})
-                    skip()
-                    continue
-                entry = grid(name, key, step)
-                points.append({"step": step, "mean": entry["mean"], "se": entry["se"], "scores": entry["scores"]})
-                if digest:
-                    first[digest, key] = (name, points[-1])
+                entry = final(name, key) if step == steps else None
+                donors = []
+                if entry is None:
+                    grids = {}
+                    for run in study.runs([name]):
+                        folder = out / "pretraining" / run.name / "snapshots" / f"step-{step}"
+                        digest = snapshot_digest(folder) if step < steps else None
+                        if digest and (digest, key) in first:
+                            donor, grids[str(run.seed)] = first[digest, key]
+                            donors.append(donor)
+                            skip()
+                            continue
+                        grids[str(run.seed)] = grid(run, key, step)
+                        if digest:
+                            first[digest, key] = (name, grids[str(run.seed)])
+                    try:
+                        entry = recipe_scores(grids, study.compare.seeds, f"curve: {key} with {name} at step {step:,}")
+                    except CompareError as err:
+                        raise AblationError(f"{err} ({out / 'curve' / key})") from None
+                point = {"step": step, **{k: entry[k] for k in ("mean", "se", "scores", "pretraining_scores")}}
+                if donors and len(donors) == len(study.seeds_of(name)) and len(set(donors)) == 1:
+                    point["from"] = donors[0]
+                points.append(point)
             curve.setdefault(name, {})[key] = points
     return curve
 

@@ -124,7 +124,9 @@ def launch_recipe(overrides: dict, log: Path, timing: Path | None = None) -> flo
                             "(pip install -e .)")
     config = os.environ.get("BERT_SUITE_ACCELERATE_CONFIG") or str(recipe.parent / "configs" / "accelerate" / (
         "gpu.yaml" if _cuda() else "cpu.yaml"))
-    cmd = [str(Path(sys.executable).parent / "accelerate"), "launch", "--config_file", config, str(recipe),
+    # the interpreter's own module, not a script beside it (a `pip install --user` or a Python whose packages are on
+    # its path has none there)
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", config, str(recipe),
            *(f"{k}={v}" for k, v in overrides.items())]
     log.parent.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1"), "TOKENIZERS_PARALLELISM": "false"}
@@ -192,7 +194,7 @@ def start_helpers(path, out: Path, workers: int, storage: str | None) -> list[su
     torch.set_num_threads(threads)
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1"),
            "TOKENIZERS_PARALLELISM": "false"}
-    cmd = [str(Path(sys.executable).parent / "bert-suite"), "ablation", str(path), "--output_dir", str(out), "--worker",
+    cmd = [sys.executable, "-m", "bert_suite", "ablation", str(path), "--output_dir", str(out), "--worker",
            *(["--storage", storage] if storage else [])]
     (out / "logs").mkdir(parents=True, exist_ok=True)
     helpers = []

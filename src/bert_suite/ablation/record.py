@@ -19,37 +19,56 @@ def evaluations(run: Path) -> list[dict]:
 
 
 def pretraining_record(study: Study, runs: dict[str, Path], data: dict | None, steps: int) -> dict:
-    """Per pre-trained variant: steps, minutes, tokens (steps x batch x mean instance length, per phase),
-    held-out accuracy of the last evaluation (MLM accuracy at masked positions, or next-token accuracy for a
-    left-to-right model: not comparable), its kind, the NotNext share of its instances and its precision; in a
-    study whose variants differ in data, also which data it used (`data_facts`)."""
+    """Per pre-trained variant whose runs are in `runs` (run name -> folder): `run_facts` of its run (one seed), or with several seeds `seeds`, `by_seed` ({seed:
+    run_facts}) and, at the top, each fact the runs share and the mean of those they do not (minutes, held-out
+    accuracy and perplexity)."""
     record = {}
-    for name, run in runs.items():
-        results = json.loads((run / "pretrain_results.json").read_text())
-        config = results["config"]
-        first = math.ceil(steps * config["phase1_fraction"]) if config.get("train_data_phase2") else steps
-        phases = [(first, config["per_device_train_batch_size"], data_stats(Path(config["train_data"])))]
-        if config.get("train_data_phase2"):
-            phases.append((steps - first, config["per_device_train_batch_size_phase2"] or
-                           config["per_device_train_batch_size"], data_stats(Path(config["train_data_phase2"]))))
-        last = evaluations(run)[-1]
-        record[name] = {"steps": steps, "minutes": round(minutes_of(run), 2),
-                        "tokens": int(sum(s * b * st["mean_instance_length"] for s, b, st in phases)),
-                        "held_out_accuracy": last["eval_mlm_accuracy"],
-                        "held_out_perplexity": last["eval_mlm_perplexity"],  # Table 6's column (MLM models)
-                        "accuracy_kind": "next_token" if config["causal_attention"] else "mlm",
-                        "not_next_share": round(sum(s * st["not_next_share"] for s, _, st in phases) / steps, 4),
-                        "precision": results.get("precision")}
-        if "pretrained_on" in results:  # pre-trained on another machine (benchmarks/study_transfer.py install)
-            record[name]["pretrained_on"] = results["pretrained_on"]["device"]
-        if len(results.get("objectives") or []) > 1:  # an objective schedule: which objective when
-            record[name]["objectives"] = results["objectives"]
-        if "started_from" in results:  # its first steps are another variant's (stages.reused_start)
-            start = Path(results["started_from"]["checkpoint"])
-            record[name]["started_from"] = {"variant": start.parent.parent.name, "step": results["started_from"]["step"]}
-        if study.data_variants and data:
-            record[name]["data"] = data_facts(data[name])
+    for name in (n for n in study.pretrained if all(r.name in runs for r in study.runs([n]))):  # those given
+        facts = {str(run.seed): run_facts(study, runs[run.name], (data or {}).get(name), steps)
+                 for run in study.runs([name])}
+        if len(facts) == 1:
+            record[name] = {**next(iter(facts.values())), "seeds": study.seeds_of(name)}
+            continue
+        first = next(iter(facts.values()))
+        shared = {k: v for k, v in first.items() if all(f.get(k) == v for f in facts.values())}
+        means = {k: round(sum(f[k] for f in facts.values()) / len(facts), 6)
+                 for k in ("minutes", "held_out_accuracy", "held_out_perplexity") if k not in shared}
+        record[name] = {**shared, **means, "seeds": study.seeds_of(name), "by_seed": facts}
     return record
+
+
+def run_facts(study: Study, run: Path, data, steps: int) -> dict:
+    """One run: steps, minutes, tokens (steps x batch x mean instance length, per phase), held-out accuracy of the
+    last evaluation (MLM accuracy at masked positions, or next-token accuracy for a left-to-right model: not
+    comparable), its kind, the NotNext share of its instances and its precision; in a study whose variants differ
+    in data, also which data it used (`data_facts`)."""
+    results = json.loads((run / "pretrain_results.json").read_text())
+    config = results["config"]
+    first = math.ceil(steps * config["phase1_fraction"]) if config.get("train_data_phase2") else steps
+    phases = [(first, config["per_device_train_batch_size"], data_stats(Path(config["train_data"])))]
+    if config.get("train_data_phase2"):
+        phases.append((steps - first, config["per_device_train_batch_size_phase2"] or
+                       config["per_device_train_batch_size"], data_stats(Path(config["train_data_phase2"]))))
+    last = evaluations(run)[-1]
+    facts = {"steps": steps, "minutes": round(minutes_of(run), 2),
+             "tokens": int(sum(s * b * st["mean_instance_length"] for s, b, st in phases)),
+             "held_out_accuracy": last["eval_mlm_accuracy"],
+             "held_out_perplexity": last["eval_mlm_perplexity"],  # Table 6's column (MLM models)
+             "accuracy_kind": "next_token" if config["causal_attention"] else "mlm",
+             "not_next_share": round(sum(s * st["not_next_share"] for s, _, st in phases) / steps, 4),
+             "precision": results.get("precision")}
+    if "pretrained_on" in results:  # pre-trained on another machine (tools/study_transfer.py install)
+        facts["pretrained_on"] = results["pretrained_on"]["device"]
+    if len(results.get("objectives") or []) > 1:  # an objective schedule: which objective when
+        facts["objectives"] = results["objectives"]
+    if "started_from" in results:  # its first steps are another run's (stages.reused_start)
+        start = Path(results["started_from"]["checkpoint"])
+        donor = start.parent.parent.name
+        facts["started_from"] = {"variant": next((r.variant for r in study.runs() if r.name == donor), donor),
+                                 "step": results["started_from"]["step"]}
+    if study.data_variants and data:
+        facts["data"] = data_facts(data)
+    return facts
 
 
 def data_facts(data) -> dict:
@@ -65,44 +84,88 @@ def data_facts(data) -> dict:
             "not_next_share": round(stats["not_next_share"], 4), "vocab_size": vocab_size(data.vocab)}
 
 
-def contrasts_of(study: Study, result: dict, curve: dict) -> tuple[dict, dict]:
-    """The study's questions as paired differences (first minus second, by seed): per compared task, and along
-    the curve where both variants have one ({label: {task: {"ahead_from": step or None, "points": [...]}}})."""
-    from ..report import paired_comparison
+def seed_table(entry: dict, seeds: list | None, keep: set) -> dict:
+    """A row's pretraining_scores ({pre-training seed: per-seed scores}; a record without them: its `scores`, one
+    pre-training) as seeded_comparison's table, on the pre-training seeds in `keep` (those both sides have)."""
+    table = pretrainings_of(entry)
+    return {k: dict(zip(map(str, seeds or range(1, len(v) + 1)), v, strict=True)) for k, v in table.items() if k in keep}
 
+
+def pretrainings_of(entry: dict) -> dict:
+    return entry.get("pretraining_scores") or {"1": entry["scores"]}
+
+
+def contrast(first: dict, second: dict, seeds: list | None) -> dict:
+    """`seeded_comparison` of two rows (a task's entries, or two points of the curve), on their common
+    pre-training seeds."""
+    from ..report import seeded_comparison
+
+    common = set(pretrainings_of(first)) & set(pretrainings_of(second))
+    return seeded_comparison(seed_table(first, seeds, common), seed_table(second, seeds, common))
+
+
+def contrasts_of(study: Study, result: dict, curve: dict) -> tuple[dict, dict]:
+    """The study's questions as paired differences (first minus second; `seeded_comparison`: by pre-training seed
+    when there are several, else by fine-tuning seed): per compared task, and along the curve where both variants
+    have one ({label: {task: {"ahead_from": step or None, "points": [...]}}})."""
+    seeds = result.get("seeds")
     per_task, along = {}, {}
     for c in study.contrasts:
-        per_task[c.label] = {key: paired_comparison(entry["models"][c.first]["scores"],
-                                                       entry["models"][c.second]["scores"])
-                                for key, entry in result["tasks"].items()}
+        per_task[c.label] = {key: contrast(entry["models"][c.first], entry["models"][c.second], seeds)
+                             for key, entry in result["tasks"].items()}
         first, second = curve.get(c.first, {}), curve.get(c.second, {})
         for key in [k for k in first if k in second]:  # the curve's order, so a rerun writes the same bytes
-            points = [{"step": a["step"], **paired_comparison(a["scores"], b["scores"])}
-                      for a, b in zip(first[key], second[key], strict=True)]
+            points = [{"step": a["step"], **contrast(a, b, seeds)} for a, b in zip(first[key], second[key], strict=True)]
             ahead = [p["step"] for i, p in enumerate(points) if all(q["verdict"] == "ahead" for q in points[i:])]
             along.setdefault(c.label, {})[key] = {"ahead_from": ahead[0] if ahead else None, "points": points}
     return per_task, along
 
 
+def spread_rows(record: dict) -> list[list[str]]:
+    """Per task, the standard deviation of a variant's score across pre-trainings (of its per-pre-training means)
+    and across fine-tuning seeds within a pre-training, as the root mean square over the variants that have
+    several pre-trainings."""
+    rows = []
+    for key, entry in record["tasks"].items():
+        found = [m for m in entry["models"].values() if m.get("sd_finetuning") is not None]
+        if found:
+            rms = [math.sqrt(sum(m[k] ** 2 for m in found) / len(found)) for k in ("sd_pretraining", "sd_finetuning")]
+            rows.append([key, f"{rms[0]:.2f}", f"{rms[1]:.2f}", str(len(found))])
+    return rows
+
+
 def markdown(record: dict, study: Study, decontamination: dict | None) -> str:
     """ablation.md; `decontamination`: {corpus stage: its counts} of the corpora that were decontaminated."""
-    from ..compare import markdown_table, same_model_lines
-    from ..report import md_table
+    from ..compare import markdown_table, same_model_lines, unit_text
+    from ..report import md_table, scope_text
 
-    seeds = record["seeds"]
     lines = [f"# {study.title}", "", f"`{record['command']}`", "", *markdown_table(record), "",
-             f"Mean ± standard error over seeds {', '.join(map(str, seeds))} (0-100); in brackets the mean per-seed "
-             f"difference from {record['baseline']} ± its SE and the verdict at 2 SE. Each model's setting is the one "
-             "with the best mean dev score over the seeds (per-seed scores and settings: ablation.json).", "",
-             *same_model_lines(record)]
+             unit_text(record) + " Each model's setting is the one with the best mean dev score over its seeds and "
+             "pre-trainings (per-seed scores and settings: ablation.json).", "", *same_model_lines(record)]
     tasks = list(record["tasks"])
     if record["contrasts"]:
         rows = [[label, *(f"{d['difference']:+.1f} ± {d['se']:.1f} [{d['ci95'][0]:+.1f}, {d['ci95'][1]:+.1f}] "
                           f"{d['verdict']}" for d in (by_task[t] for t in tasks))]
                 for label, by_task in record["contrasts"].items()]
+        found = next(iter(next(iter(record["contrasts"].values())).values()))
         lines += ["## The study's questions, paired by seed", "", *md_table(["question", *tasks], rows), "",
-                  "Each cell: first minus second, the mean over the paired seeds ± its SE [95% interval, t with n - 1 "
-                  "degrees of freedom], and the verdict at 2 SE.", ""]
+                  f"Each cell: first minus second, the mean paired difference ± its SE ({scope_text(found)}) [95% "
+                  f"interval, Student's t with {found['df']} degrees of freedom], and the verdict: ahead or behind when "
+                  "the interval lies wholly above or below zero, else level.", ""]
+        if found["scope"] == "checkpoints":
+            lines += ["One pre-training a variant: these verdicts are about these checkpoints, not about the recipes "
+                      "that made them (a second pre-training of one recipe can move a score as much as the objectives "
+                      "under comparison do). A verdict about the recipes needs pretraining.seeds: two at the least, "
+                      "three or more for a usable interval (with 2, t has 1 degree of freedom: 12.7 SE on each side).",
+                      ""]
+    spread = spread_rows(record)
+    if spread:
+        lines += ["## Two sources of noise", "", *md_table(["task", "SD across pre-trainings", "SD across fine-tuning "
+                                                             "seeds", "variants"], spread), "",
+                  "The standard deviation of a variant's score across its pre-trainings (each the mean over the "
+                  "fine-tuning seeds) and across fine-tuning seeds within one pre-training (pooled), as the root mean "
+                  "square over the variants: where the first is not small against the second, one pre-training a "
+                  "variant cannot rank the recipes.", ""]
     if record["curve"]:
         steps = sorted({p["step"] for by_task in record["curve"].values() for ps in by_task.values() for p in ps})
         rows = [[name, key, *(next((f"{p['mean']:.1f} ± {p['se']:.1f}" for p in points if p["step"] == s), "")
@@ -112,8 +175,8 @@ def markdown(record: dict, study: Study, decontamination: dict | None) -> str:
                   *md_table(["variant", "task", *(f"{s:,}" for s in steps)], rows), ""]
         for label, by_task in record.get("curve_contrasts", {}).items():
             for key, found in sorted(by_task.items()):
-                where = (f"ahead by more than 2 SE from step {found['ahead_from']:,} on" if found["ahead_from"]
-                         else f"not ahead by more than 2 SE to the end ({found['points'][-1]['step']:,} steps)")
+                where = (f"ahead (95% interval above zero) from step {found['ahead_from']:,} on" if found["ahead_from"]
+                         else f"not ahead to the end ({found['points'][-1]['step']:,} steps)")
                 diffs = ", ".join(f"{p['step']:,}: {p['difference']:+.1f} ± {p['se']:.1f}" for p in found["points"])
                 lines.append(f"- {label}, {key}: {where} ({diffs})")
         for name, by_task in record["curve"].items():
@@ -124,23 +187,26 @@ def markdown(record: dict, study: Study, decontamination: dict | None) -> str:
                           f"{donor}'s (a run started from {donor}'s checkpoint has copies of them), so they were not "
                           "fine-tuned again."]
         lines.append("")
-    rows = [[name, f"{f['steps']:,}", f"{f['minutes']:.1f}", f"{f['tokens']:,}", f"{100 * f['held_out_accuracy']:.1f}%",
-             f["accuracy_kind"], f"{f['not_next_share']:.3f}", str(f.get("precision"))]
-            for name, f in record["pretraining"].items()]
-    lines += ["## Pre-training", "", *md_table(["variant", "steps", "minutes", "tokens", "held-out accuracy", "kind",
-                                                "NotNext share", "precision"], rows), ""]
+    rows = [[name, seed, f"{f['steps']:,}", f"{f['minutes']:.1f}", f"{f['tokens']:,}",
+             f"{100 * f['held_out_accuracy']:.1f}%", f["accuracy_kind"], f"{f['not_next_share']:.3f}",
+             str(f.get("precision"))]
+            for name, facts in record["pretraining"].items()
+            for seed, f in (facts.get("by_seed") or {str(facts["seeds"][0]): facts}).items()]
+    lines += ["## Pre-training", "", *md_table(["variant", "seed", "steps", "minutes", "tokens", "held-out accuracy",
+                                                "kind", "NotNext share", "precision"], rows), ""]
     elsewhere = {name: f["pretrained_on"] for name, f in record["pretraining"].items() if "pretrained_on" in f}
     if elsewhere:
         lines += ["Pre-trained on another machine and brought back in bf16 (weights back in fp32): " + ", ".join(
             f"{name} on {device}" for name, device in elsewhere.items()) + "; the others here. The precision column "
             "says each run's arithmetic.", ""]
-    for name, f in record["pretraining"].items():
+    for name, facts in record["pretraining"].items():
+        f = next((f for f in (facts.get("by_seed") or {"": facts}).values() if "started_from" in f), {})
         if "started_from" in f:
             start = f["started_from"]
             lines += [f"{name}'s first {start['step']:,} steps are {start['variant']}'s: the same computation (data, "
                       f"schedule, seed, weights drawn alike), so it started from {start['variant']}'s checkpoint at step "
                       f"{start['step']:,} rather than train them again; its minutes are those of its own steps.", ""]
-    if any(f["accuracy_kind"] == "next_token" for f in record["pretraining"].values()):
+    if any(f.get("accuracy_kind") == "next_token" for f in record["pretraining"].values()):
         lines += ["MLM accuracy (at masked positions) and next-token accuracy are not comparable: a masked model sees "
                   "both sides of the token it predicts, a left-to-right one only the left.", ""]
     if study.data_variants:

@@ -12,6 +12,7 @@ import hashlib
 import inspect
 import json
 import shutil
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from .study import AblationError, Corpus, Instances, Study, Vocabulary
 NGRAM = 8  # decontamination: a sentence sharing this many consecutive words with evaluation text goes
 CALIBRATION_STEPS = 40  # pretraining.minutes: steps of each variant's calibration run
 BUDGET_SHARE = 0.85  # pretraining.minutes: the share of the budget planned for steps (the rest: evaluations, saving)
+DONOR_POLL = 10  # seconds between looks at a donor run's checkpoint that a run waits for
 HASHED = 256 << 20  # inputs up to this size are fingerprinted by content; larger ones by size and time
 
 
@@ -84,10 +86,12 @@ def _shown(value) -> str:
     return text if len(text) <= 120 else text[:117] + "..."
 
 
-def check_stage(out: Path, name: str, settings: dict, inputs: list, started: bool, legacy: dict | None = None) -> None:
+def check_stage(out: Path, name: str, settings: dict, inputs: list, started: bool, legacy: dict | None = None,
+                predated: dict | None = None) -> None:
     """Record `settings` and the fingerprints of `inputs` in OUT/stages/NAME.json before the stage runs, or
     refuse when a record (or, with none, outputs: `started`) says the stage was made otherwise. `legacy`: the
-    settings as records before fingerprints held them; such a record that agrees is brought up to date."""
+    settings as records before fingerprints held them; such a record that agrees is brought up to date.
+    `predated`: {dotted key: value} settings a record may lack because it predates them, made at that value."""
     marker = out / "stages" / f"{name.replace('/', '-')}.json"
     wanted = {"settings": _plain(settings), "inputs": {str(p): fingerprint(p) for p in dict.fromkeys(map(str, inputs))}}
     recorded = json.loads(marker.read_text()) if marker.is_file() else None
@@ -97,7 +101,8 @@ def check_stage(out: Path, name: str, settings: dict, inputs: list, started: boo
             raise AblationError(f"{out}: the {name} stage was made with other settings ({', '.join(differing)}; see "
                                 f"{marker}); give another --output_dir, or the same settings")
     elif recorded is not None:
-        found = _differences(recorded["settings"], wanted["settings"])
+        found = [(key, before, now) for key, before, now in _differences(recorded["settings"], wanted["settings"])
+                 if not (before is None and key in (predated or {}) and predated[key] == now)]
         if found:
             key, before, now = found[0]
             raise AblationError(f"{out}: the {name} stage was made with other settings: {key} was {_shown(before)}, "
@@ -496,8 +501,9 @@ def pretrain(study: Study, out: Path, data: dict[str, Data], steps: int, only: l
     is waited for, then found done; with `pass_held`, it is passed over instead (`passed_over`). Returns the runs
     passed over."""
     from ..pretraining.checkpoints import complete_checkpoints
+    from ..pretraining.config import PretrainConfig
     from .launch import launch_recipe, recipe_overrides
-    from .locks import variant_lock
+    from .locks import held_elsewhere, variant_lock, variant_lock_path
 
     chosen = {run.name: run for run in study.runs(only, seeds)}
     every = {run.name: run for run in study.runs()}
@@ -505,21 +511,30 @@ def pretrain(study: Study, out: Path, data: dict[str, Data], steps: int, only: l
     starts = {name: start for name, start in run_starts(study, steps).items()
               if all(every[r].variant in data for r in (name, start[0]))}
     held = [name for name in chosen if pass_held and passed_over(out, name, starts)]
-    todo = [name for name in chosen if name not in held]
+    # a run whose donor another process trains, its checkpoint at the switch not written yet, goes last and waits
+    # for it (taken now, it would train those steps again)
+    later = [name for name in chosen if name not in held and passed_over(out, name, starts)]
+    todo = [name for name in chosen if name not in held and name not in later] + later
     kept: dict[str, list[int]] = {}
     for donor, step in starts.values():
         kept.setdefault(donor, []).append(step)
     pace = []  # seconds per step of the runs finished in this process
     for number, name in enumerate(todo):
+        if name in starts and passed_over(out, name, starts) and not held_elsewhere(variant_lock_path(out, name)):
+            donor, step = starts[name]
+            progress.stage("pretraining", f"{name}: waiting for {donor}'s checkpoint at step {step:,} (another "
+                           "process trains it): its first steps are that run's")
+            while passed_over(out, name, starts):
+                time.sleep(DONOR_POLL)
         run, seed = paths[name], chosen[name].seed
-        overrides = recipe_overrides(study, chosen[name].variant, data[chosen[name].variant], run, steps,
-                                     **({"seed": seed} if study.seeded(chosen[name].variant) else {}))
+        overrides = recipe_overrides(study, chosen[name].variant, data[chosen[name].variant], run, steps, seed=seed)
         if name in kept:
             overrides["keep_checkpoints"] = ",".join(map(str, sorted(kept[name])))
         recorded = {k: v for k, v in overrides.items() if k not in UNRECORDED}
         with variant_lock(out, name):
             check_stage(out, f"pretraining/{name}", {"recipe": recorded}, [], run.is_dir() and any(run.iterdir()),
-                        legacy={"overrides": [f"{k}={v}" for k, v in recorded.items()]})
+                        legacy={"overrides": [f"{k}={v}" for k, v in recorded.items()]},
+                        predated={"recipe.seed": PretrainConfig.seed})  # a one-seed study's run that named no seed
             done = finished_steps(run)
             if done is not None and done != steps:
                 raise AblationError(f"{run} holds a finished run of {done:,} steps, not {steps:,}; give another "

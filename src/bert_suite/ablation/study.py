@@ -163,11 +163,6 @@ class Study:
         return self.variants[source].seeds or self.pretraining.seeds or [
             int(self.recipe_of(source).get("seed", PretrainConfig.seed))]
 
-    def seeded(self, name: str) -> bool:
-        """Whether the file lists the variant's seeds (`seeds`): each run then names its seed to the recipe."""
-        source = self.variants[name].source or name
-        return bool(self.variants[source].seeds or self.pretraining.seeds)
-
     def runs(self, names: list[str] | None = None, seeds: list[int] | None = None) -> list[Run]:
         """The pre-trainings of the pre-trained variants (or of `names`; of `seeds` alone where given), seed by
         seed: every variant's first seed, then every variant's second, ... (a whole table at each seed as soon
@@ -241,10 +236,17 @@ def load_study(path: str | Path) -> Study:
                  for i, c in enumerate(read.listed("contrasts", raw.get("contrasts") or [], dict,
                                                    "{first, second, label}"))
                  if read.known(f"contrasts[{i}]", c, ("first", "second", "label"), required=True)]
-    return Study(path=path, raw=raw, title=str(raw.get("title") or path.stem), notes=str(raw.get("notes") or ""),
-                 corpus=corpus, vocabulary=vocabulary, instances=instances,
-                 pretraining=pretraining, variants=variants, compare=compare, tasks=tasks,
-                 curve_variants=curve_variants, curve_tasks=curve_tasks, contrasts=contrasts, left_out=left_out)
+    study = Study(path=path, raw=raw, title=str(raw.get("title") or path.stem), notes=str(raw.get("notes") or ""),
+                  corpus=corpus, vocabulary=vocabulary, instances=instances,
+                  pretraining=pretraining, variants=variants, compare=compare, tasks=tasks,
+                  curve_variants=curve_variants, curve_tasks=curve_tasks, contrasts=contrasts, left_out=left_out)
+    pairs = [(f"contrasts[{i}]", c.first, c.second) for i, c in enumerate(contrasts)] + [
+        ("compare.baseline", name, compare.baseline) for name in variants if name != compare.baseline]
+    for where, a, b in pairs:  # the arms pair by pre-training seed
+        if not set(study.seeds_of(a)) & set(study.seeds_of(b)):
+            read.bad(where, f"{a} is pre-trained with seeds {study.seeds_of(a)}, {b} with {study.seeds_of(b)}: no seed "
+                     "in common to pair them by; expected shared pre-training seeds")
+    return study
 
 
 def read_yaml(path: Path, what: str = "the study file") -> dict:
