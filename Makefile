@@ -10,7 +10,7 @@ STAMP      := $(VENV)/.bert_suite_installed
 OFFLINE    := HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 HF_EVALUATE_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 PYTEST_ARGS ?=
 
-.PHONY: help install test test-all lint clean
+.PHONY: help install test test-all test-gpu lint clean
 
 help:  ## this list
 	@grep -hE '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/^([a-z0-9-]+):.*## (.*)/  make \1\t\2/' | expand -t 22
@@ -19,8 +19,10 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
 $(STAMP): pyproject.toml constraints.txt | $(BIN)/python
-	$(BIN)/python -m pip install --quiet $(TORCH_INDEX) "$(TORCH_SPEC)"
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[dev,postgres,onnx,dashboard,cluster]"
+	@# --no-compile: byte-compiling every module of torch and the rest took about half the install (40 of torch's 55 s,
+	@# about 85 of the rest's 190 on 2 cores); Python compiles what it imports, once, on first use
+	$(BIN)/python -m pip install --quiet --no-compile $(TORCH_INDEX) "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install --quiet --no-compile -c constraints.txt -e ".[dev,postgres,onnx,dashboard,cluster]"
 	@# the dashboard's browser test drives Debian's chromium (playwright cannot download its own browser here)
 	@command -v chromium >/dev/null 2>&1 || { if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 		echo "installing Debian's chromium for the browser test"; \
@@ -38,6 +40,9 @@ test: install  ## the fast offline tests (README)
 
 test-all: install  ## the tests, slow ones included
 	$(OFFLINE) $(BIN)/python -m pytest $(PYTEST_ARGS)
+
+test-gpu: install  ## the GPU checks (tests/test_gpu.py; skipped without CUDA)
+	$(OFFLINE) $(BIN)/python -m pytest tests/test_gpu.py $(PYTEST_ARGS)
 
 lint: install  ## ruff on all Python in the repository
 	$(BIN)/ruff check .
@@ -123,9 +128,9 @@ table5: install  ## Table 5 in miniature: benchmarks/results/table5_small.{json,
 	$(OFFLINE) $(BIN)/bert-suite ablation recipes/ablations/table5.yaml --output_dir $(TABLE5_OUT) --workers 2
 	for f in json md png; do cp $(TABLE5_OUT)/ablation.$$f benchmarks/results/table5_small.$$f; done
 
-# ---- Benchmarks (results: benchmarks/RESULTS.md). Each skips cleanly without ../shared/data. -----
-# The long one is run on its own: bash benchmarks/glue_real_run.sh (about an hour on 2 cores); the studies of
-# models (which objective, size or masking wins) are ablation files: recipes/ablations/*.yaml.
+# ---- Benchmarks (benchmarks/README.md; results: benchmarks/RESULTS.md). Each skips cleanly without ../shared/data.
+# On the CPU; the same pre-training and fine-tuning benchmarks take --device cuda (make gpu-check runs them there).
+# The studies of models (which objective, size or masking wins) are ablation files: recipes/ablations/*.yaml.
 # `make bench`: the quick mode (9 minutes on a 2-core AVX-512 Xeon, more on slower CPUs); `make bench-full`: more steps,
 # repetitions, the whole RTE/MRPC train sets and the SQuAD processing benchmark. Results: runs/bench/*.json and the printed tables.
 .PHONY: bench bench-full
@@ -136,11 +141,13 @@ bench: install  ## the quick benchmarks against stock transformers
 	$(OFFLINE) $(BIN)/python benchmarks/cli_startup.py
 
 # ---- A GPU check (benchmarks/gpu_check.sh; results: benchmarks/RESULTS.md). A GPU machine is lent for minutes, bare
-# and offline: `make gpu-bundle` here writes .gpu-bundle/ (wheels it lacks, the project, a few data files, the step
-# of revision BEFORE); copy the tree with it there and run `make gpu-check` (8 minutes; results in runs/gpu-check/).
+# and offline: `make gpu-bundle` here writes .gpu-bundle/ (tools/gpu_bundle.sh: wheels it lacks, pytest among them, the
+# project, a few data files, the step of revision BEFORE); copy the tree with it there and run `make gpu-check`
+# (8 minutes: the speed benchmarks with --device cuda, tests/test_gpu.py's correctness and recipe checks; results in
+# runs/gpu-check/). tools/README.md: the other tools for such a machine.
 .PHONY: gpu-bundle gpu-check
 gpu-bundle: install  ## .gpu-bundle/: what a bare GPU machine needs for make gpu-check (BEFORE=4889d2e)
-	BEFORE=$(or $(BEFORE),4889d2e) PYTHON=$(BIN)/python bash benchmarks/gpu_bundle.sh
+	BEFORE=$(or $(BEFORE),4889d2e) PYTHON=$(BIN)/python bash tools/gpu_bundle.sh
 
 gpu-check:  ## on a GPU machine: correctness and speed in 8 minutes (runs/gpu-check/)
 	OUT=$(or $(GPU_CHECK_OUT),runs/gpu-check) PYTHON=$(if $(wildcard $(BIN)/python),$(BIN)/python,python3) \

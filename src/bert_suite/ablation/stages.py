@@ -511,15 +511,18 @@ def pretrain(study: Study, out: Path, data: dict[str, Data], steps: int, only: l
     starts = {name: start for name, start in run_starts(study, steps).items()
               if all(every[r].variant in data for r in (name, start[0]))}
     held = [name for name in chosen if pass_held and passed_over(out, name, starts)]
-    # a run whose donor another process trains, its checkpoint at the switch not written yet, goes last and waits
-    # for it (taken now, it would train those steps again)
-    later = [name for name in chosen if name not in held and passed_over(out, name, starts)]
-    todo = [name for name in chosen if name not in held and name not in later] + later
+    todo = [name for name in chosen if name not in held]
     kept: dict[str, list[int]] = {}
     for donor, step in starts.values():
         kept.setdefault(donor, []).append(step)
     pace = []  # seconds per step of the runs finished in this process
-    for number, name in enumerate(todo):
+    for number in range(len(todo)):
+        # the next run in order that waits for nobody: a run whose donor another process trains, its checkpoint at
+        # the switch not written yet, would train those steps again, and one another process trains is held
+        left = todo[number:]
+        name = next((n for n in left if not passed_over(out, n, starts)), left[0])
+        todo.remove(name)
+        todo.insert(number, name)
         if name in starts and passed_over(out, name, starts) and not held_elsewhere(variant_lock_path(out, name)):
             donor, step = starts[name]
             progress.stage("pretraining", f"{name}: waiting for {donor}'s checkpoint at step {step:,} (another "
