@@ -35,8 +35,11 @@ $(STAMP): pyproject.toml constraints.txt | $(BIN)/python
 
 install: $(STAMP)  ## the .venv (torch pinned, CPU build), once
 
+# `make test` runs TEST_WORKERS pytest workers (pytest-xdist) of one thread each: on 2 cores 6m13s for 885 tests, where
+# one process of two threads took 8m43s for 873 (a test's time is mostly the processes it starts); TEST_WORKERS=0: one
+TEST_WORKERS ?= 2
 test: install  ## the fast offline tests (README)
-	$(OFFLINE) $(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+	$(OFFLINE) $(BIN)/python -m pytest -m "not slow" -n $(TEST_WORKERS) $(PYTEST_ARGS)
 
 test-all: install  ## the tests, slow ones included
 	$(OFFLINE) $(BIN)/python -m pytest $(PYTEST_ARGS)
@@ -140,7 +143,7 @@ bench: install  ## the quick benchmarks against stock transformers
 	$(OFFLINE) $(BIN)/python benchmarks/pretrain_data_speed.py --repeat 1
 	$(OFFLINE) $(BIN)/python benchmarks/cli_startup.py
 
-# ---- A GPU check (benchmarks/gpu_check.sh; results: benchmarks/RESULTS.md). A GPU machine is lent for minutes, bare
+# ---- A GPU check (benchmarks/gpu_check.sh; results: benchmarks/RESULTS.md). A GPU machine may be bare
 # and offline: `make gpu-bundle` here writes .gpu-bundle/ (tools/gpu_bundle.sh: wheels it lacks, pytest among them, the
 # project, a few data files, the step of revision BEFORE); copy the tree with it there and run `make gpu-check`
 # (8 minutes: the speed benchmarks with --device cuda, tests/test_gpu.py's correctness and recipe checks; results in

@@ -1,14 +1,11 @@
 # Command: .venv/bin/python benchmarks/cli_startup.py [--repeat 5]
-"""Start-up of the `bert-suite` command line: wall time of `--help`, a subcommand's `--help` and a usage
-error (a mistyped command), each the median of --repeat fresh processes, cold and warm, beside
-`python -c "import bert_suite"` (what the command line imported before it moved to `bert_suite_cli`,
-and what every command that runs still imports). Then the import of the modules the data commands run on
-(`bert_suite.pretraining.tokenizer`: the goal is under 0.5 s and 100 MB, without torch) beside the model's,
-each in a fresh process: its wall time (median, warm) and the peak memory of that process (VmHWM).
-
-cold: every process compiles its Python bytecode anew (PYTHONPYCACHEPREFIX set to an empty folder),
-      as on the first run after an install; warm: the bytecode caches are used. The OS page cache is
-      warm in both (dropping it needs root). Results: runs/bench/cli_startup.json and a table."""
+"""Start-up of the `bert-suite` command line: wall time of `--help`, a subcommand's `--help` and a usage error (a
+mistyped command), each the median of --repeat fresh processes, cold and warm, beside `python -c "import bert_suite"`
+(what every command that runs imports). Then the import of the modules the data commands run on (goal for
+`bert_suite.pretraining.tokenizer`: under 0.5 s and 100 MB, without torch) beside the model's, each in a fresh
+process: its wall time (median, warm) and the process's peak memory (VmHWM). cold: every process compiles its
+bytecode anew (PYTHONPYCACHEPREFIX an empty folder), as the first run after an install; warm: the caches are used
+(the OS page cache is warm in both). Results: runs/bench/cli_startup.json and tables."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
-"""Shared pieces of the `make bench` benchmarks: the machine record, the measured matmul peak,
-alternating timed repetitions, model FLOPs, peak memory in a child process, and result files.
-
-Every benchmark compares ours with stock transformers in the same run: same weights, batches and
-thread count, the two alternating (ours, stock, ours, stock, ...) so that a slow stretch of a
-shared machine hits both, and the median of the repetitions reported with their ratio.
-"""
+"""Shared pieces of the benchmarks: the machine record, the measured matmul peak, alternating timed repetitions
+(ours, stock, ours, ...: a slow stretch of a shared machine hits both), model FLOPs, runs in child processes, peak
+memory, profiles and result files."""
 
 from __future__ import annotations
 
@@ -52,32 +48,22 @@ def machine() -> dict:
 
 
 def sync(device) -> None:
-    import torch
-
     if str(device).startswith("cuda"):
-        torch.cuda.synchronize()
+        __import__("torch").cuda.synchronize()
 
 
-def matmul_flops_per_second(device="cpu", dtype=None, size: int = 2048, repeats: int = 5) -> float:
-    """The machine's own dense matmul throughput: the median FLOP/s of size x size x size
-    products (2 n^3 FLOPs each) in `dtype` (fp32 by default) with the current thread count."""
+def matmul_flops_per_second(dtype=None, size: int = 2048, repeats: int = 5) -> float:
+    """The CPU's own dense matmul throughput: the median FLOP/s of size x size x size products (2 n^3 FLOPs
+    each) in `dtype` (fp32 by default) with the current thread count."""
     import torch
 
-    dtype = dtype or torch.float32
-    a = torch.randn(size, size, device=device, dtype=dtype)
-    b = torch.randn(size, size, device=device, dtype=dtype)
-    inner = 1 if str(device) == "cpu" else 20
-    for _ in range(2):
-        a @ b
+    a, b = (torch.randn(size, size, dtype=dtype or torch.float32) for _ in range(2))
     times = []
-    for _ in range(repeats):
-        sync(device)
+    for _ in range(repeats + 2):  # the first two warm up
         start = time.perf_counter()
-        for _ in range(inner):
-            a @ b
-        sync(device)
-        times.append((time.perf_counter() - start) / inner)
-    return 2 * size**3 / statistics.median(times)
+        a @ b
+        times.append(time.perf_counter() - start)
+    return 2 * size**3 / statistics.median(times[2:])
 
 
 def alternate(runs: dict, repeats: int, device="cpu") -> dict[str, list[float]]:
@@ -95,22 +81,21 @@ def alternate(runs: dict, repeats: int, device="cpu") -> dict[str, list[float]]:
     return seconds
 
 
-def median(values) -> float:
-    return statistics.median(values)
+median = statistics.median
 
 
 def encoder_flops(config, lengths, masked: int, nsp: bool = True) -> float:
-    """Model FLOPs of one forward pass of a BERT pre-training model, matmuls only (2 FLOPs per
-    multiply-add); a training step (forward + backward) is 3x this.
+    """Model FLOPs of one forward pass of a BERT pre-training model, matmuls only (2 FLOPs per multiply-add); a
+    training step (forward + backward) is 3x this.
 
     per real token, per layer:    2 * (4 H^2 + 2 H I)        Q, K, V, output; feed-forward in, out
     per sequence of length L:     2 * 2 * L^2 * H per layer  scores Q K^T and the weighted sum P V
     per masked position:          2 * (H^2 + H V)            MLM transform and vocabulary decoder
     per sequence (with NSP):      2 * (H^2 + 2 H)            pooler and NSP classifier
 
-    `lengths` are the real lengths of the sequences (padding is work, not model FLOPs), `masked`
-    the number of predicted positions: the MLM loss needs the decoder there only, so ours and
-    stock are held to the same count and the FLOPs ratio equals the speed ratio."""
+    `lengths` are the real lengths of the sequences (padding is work, not model FLOPs), `masked` the number of
+    predicted positions: the MLM loss needs the decoder there only, so ours and stock are held to the same count
+    and the FLOPs ratio equals the speed ratio."""
     h, i, v, layers = config.hidden_size, config.intermediate_size, config.vocab_size, config.num_hidden_layers
     tokens = sum(lengths)
     dense = 2 * (4 * h * h + 2 * h * i) * tokens * layers
@@ -120,13 +105,13 @@ def encoder_flops(config, lengths, masked: int, nsp: bool = True) -> float:
     return float(dense + attention + head + pooled)
 
 
-def peak_memory_child(args: list[str], timeout: float = 900) -> dict:
-    """Run this benchmark's own script in a child process (`args` select one model and mode) and
-    return the JSON it prints last: peak resident memory is per process, so each model gets its own."""
+def run_child(args: list[str], timeout: float = 1800) -> dict:
+    """Run a benchmark's own script in a child process (`args` select one run and mode) and return the JSON it
+    prints last: peak resident memory is per process (and so is glibc's allocator), so each run gets its own."""
     proc = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=timeout,
                           env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
     if proc.returncode != 0:
-        raise RuntimeError(f"memory child {' '.join(args)} failed:\n{proc.stderr[-2000:]}")
+        raise RuntimeError(f"child {' '.join(args)} failed:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
@@ -172,47 +157,54 @@ def skip(message: str) -> None:
     raise SystemExit(0)
 
 
-# Profile categories: where a step's time goes (first match on the operator name wins).
+# Profile categories: where a step's time goes, by CPU operator or GPU kernel name (lower-cased; first match wins).
 CATEGORIES = [
-    ("matmul", ("aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "aten::linear", "aten::baddbmm")),
-    ("attention kernel", ("scaled_dot_product", "flash_attention", "efficient_attention")),
-    ("dropout / RNG", ("bernoulli", "dropout", "aten::rand", "uniform_")),
-    ("softmax / loss", ("softmax", "cross_entropy", "nll_loss")),
-    ("layer norm", ("layer_norm",)),
+    ("matmul", ("aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "aten::linear", "aten::baddbmm", "gemm",
+                "nvjet", "cutlass", "xmma", "cublas", "sm90_")),
+    ("attention kernel", ("scaled_dot_product", "flash", "efficient_attention", "fmha", "attention", "cudnn")),
+    ("compiled (triton)", ("triton",)),
+    ("dropout / RNG", ("bernoulli", "dropout", "aten::rand", "uniform_", "philox")),
+    ("softmax / loss", ("softmax", "cross_entropy", "nll", "logsumexp")),
+    ("layer norm", ("layer_norm", "layernorm")),
     ("gelu / tanh", ("gelu", "tanh")),
-    ("optimizer", ("adam", "_foreach", "_fused")),
-    ("embedding / gather", ("embedding", "index_select", "index_copy", "index_put", "index", "gather",
-                            "nonzero", "masked_select", "scatter")),
-    ("copies / layout", ("copy_", "contiguous", "clone", "cat", "fill_", "zero_", "zeros")),
+    ("optimizer", ("adam", "_foreach", "_fused", "multi_tensor", "foreach")),
+    ("embedding / gather", ("embedding", "index", "gather", "nonzero", "masked_select", "scatter", "radix", "sort")),
+    ("copies / layout", ("copy", "contiguous", "clone", "cat", "fill", "zero", "cast")),
+    ("reductions", ("reduce",)),
     ("elementwise", ("add", "mul", "div", "sub", "sum", "mean", "where", "sqrt", "pow", "clamp")),
 ]
 
 
-def profile_breakdown(fn, device="cpu") -> dict[str, float]:
-    """Self time (seconds) per category of one call of `fn`, from torch.profiler (CPU and, on a
-    GPU, CUDA kernel time). Operators that fit no category are counted under `other`."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile
+def profile(fn, device="cpu", steps: int = 1, top: int = 12) -> dict:
+    """Where one call of `fn` (`steps` steps) spends its time, from torch.profiler: on the CPU the operators'
+    self time, on a GPU the kernels' (those a CUDA graph launches included). Seconds per category of
+    CATEGORIES (`other` for the rest), milliseconds and calls per step, and the `top` names with their share."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as trace
 
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if str(device).startswith("cuda") else [])
-    with profile(activities=activities) as prof:
+    cuda = str(device).startswith("cuda")
+    with trace(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
         fn()
         sync(device)
-    use_cuda = str(device).startswith("cuda")
-    totals: dict[str, float] = {}
-    for event in prof.key_averages():
-        spent = (event.self_device_time_total if use_cuda else event.self_cpu_time_total) / 1e6
-        if spent <= 0:
-            continue
-        name = event.key.lower()
-        category = next((c for c, keys in CATEGORIES if any(k.lower() in name for k in keys)), "other")
-        totals[category] = totals.get(category, 0.0) + spent
-    del torch
-    return dict(sorted(totals.items(), key=lambda kv: -kv[1]))
+    events = [(e, (e.self_device_time_total if cuda else e.self_cpu_time_total) / 1e6) for e in prof.key_averages()
+              if e.device_type == (DeviceType.CUDA if cuda else DeviceType.CPU)]
+    events = [(e, spent) for e, spent in events if spent > 0]
+    total = sum(spent for _, spent in events) or 1.0
+    by_kind: dict[str, float] = {}
+    for e, spent in events:
+        name = e.key.lower()
+        kind = next((c for c, keys in CATEGORIES if any(k in name for k in keys)), "other")
+        by_kind[kind] = by_kind.get(kind, 0.0) + spent
+    ranked = sorted(events, key=lambda pair: -pair[1])[:top]
+    return {"ms_per_step": 1e3 * total / steps, "calls_per_step": sum(e.count for e, _ in events) / steps,
+            "by_kind": dict(sorted(by_kind.items(), key=lambda kv: -kv[1])),
+            "top": [f"{100 * spent / total:5.1f}% x{e.count // steps:<4d} {e.key[:100]}" for e, spent in ranked]}
 
 
-def breakdown_table(profiles: dict[str, dict[str, float]]) -> str:
-    """Markdown: one row per category, one column per profiled run (seconds and share)."""
+def breakdown_table(profiles: dict[str, dict]) -> str:
+    """Markdown: one row per category, one column per profiled run (`profile`'s results; seconds and share)."""
+    profiles = {name: found["by_kind"] for name, found in profiles.items()}
     names = list(profiles)
     categories = sorted({c for p in profiles.values() for c in p},
                         key=lambda c: -max(p.get(c, 0.0) for p in profiles.values()))
@@ -228,7 +220,7 @@ def breakdown_table(profiles: dict[str, dict[str, float]]) -> str:
 
 def create_database(server: str, name: str) -> str:
     """CREATE DATABASE `name` on the PostgreSQL server of `server` (a storage URL without its database);
-    returns the new database's storage URL (same driver). Used by benchmarks/grid_workers.py and the tests."""
+    returns the new database's storage URL (same driver). The PostgreSQL tests' (tests/helpers.py)."""
     import psycopg
 
     with psycopg.connect(server.replace("postgresql+psycopg://", "postgresql://") + "/postgres",

@@ -1,21 +1,18 @@
-# Command: .venv/bin/python benchmarks/finetune_speed.py [--data ../shared/data] [--tasks rte mrpc] [--quick] [--profile] [--precisions fp32 bf16]
+# Command: .venv/bin/python benchmarks/finetune_speed.py [--device cpu|cuda] [--data ../shared/data] [--tasks rte mrpc] [--quick] [--profile] [--precisions fp32 bf16]
 """Fine-tuning and prediction speed of our fine-tuning path vs the stock transformers GLUE recipe.
 
-OURS = `bert-suite finetune`'s path: the runner's features (truncated to 128, unpadded), its
-collator (dynamic padding), BertSuiteForSequenceClassification (unpad_inputs: dense layers on real
-tokens only), runner.SuiteTrainer (training batches of similar length in random order; prediction
-over length-sorted batches, outputs in dataset order) with runner.training_arguments. STOCK = the
-transformers GLUE example's default: every example padded to 128, default_data_collator,
-BertForSequenceClassification (sdpa), transformers.Trainer with the same arguments except the
-training order, which is the stock random one. Same process, weights and threads; one untimed
-warm-up each, then the two alternate; every timed epoch starts from the same initial weights, a
-fresh optimizer and the same seed. Measured on real GLUE RTE/MRPC: one epoch of trainer.train()
-and trainer.predict(dev) in examples/s (median) and ours/stock; real vs padded tokens; the dev
-logits of both from the same weights (must agree); peak RSS per side in a child process; with
---profile, where one training step and one prediction batch spend their time. Each side runs in
-every precision of --precisions (default fp32 and bf16 autocast, TrainingArguments' bf16), all four
-runs alternating, so "ours bf16 / ours fp32" and "ours / stock" in each precision come from one run.
-Skips (exit 0) without the data. Result: runs/bench/<--out>.json.
+OURS = `bert-suite finetune`'s path: the runner's features (truncated to 128, unpadded), its collator (dynamic
+padding), BertSuiteForSequenceClassification (dense layers on real tokens only), runner.SuiteTrainer (training
+batches of similar length in random order; prediction over length-sorted batches). STOCK = the transformers GLUE
+example's default: every example padded to 128, default_data_collator, BertForSequenceClassification (sdpa),
+transformers.Trainer, the same arguments but the stock random order. Same process, weights and threads; one untimed
+warm-up each, then the runs alternate, every timed epoch from the same weights, a fresh optimizer and the same seed.
+On real GLUE RTE/MRPC: one epoch of trainer.train() and trainer.predict(dev) in examples/s (median) and ours/stock;
+real vs padded tokens; the dev logits of both from the same weights (must agree); peak RSS per side in a child
+process; --profile: where a training step and a prediction batch spend their time. Every side in every precision
+of --precisions (default fp32 and bf16, TrainingArguments' bf16), all runs alternating. --device cpu (default:
+use_cpu, even beside a GPU) or cuda (and the peak GPU memory). Skips (exit 0) without the data or the device.
+Result: runs/bench/<--out>.json.
 """
 
 from __future__ import annotations
@@ -48,17 +45,15 @@ from bert_suite.precision import Precision  # noqa: E402
 SIDES = ("ours", "stock")
 
 
-def run_names(precisions) -> list[str]:
-    """The measured runs: "ours", "stock" (fp32), "ours bf16", "stock bf16"."""
-    return [side if p == "fp32" else f"{side} {p}" for p in precisions for side in SIDES]
-
-
 def side_of(run: str) -> str:
+    """A run's side and precision: "ours", "stock" (fp32), "ours bf16", "stock bf16"."""
     return run.split()[0]
 
 
 def precision_of(run: str) -> str:
     return run.split()[1] if " " in run else "fp32"
+
+
 SEED = 42
 MAX_LEN = 128
 OVERRIDES = dict(num_train_epochs=1, per_device_train_batch_size=32, per_device_eval_batch_size=64, learning_rate=2e-5,
@@ -74,6 +69,7 @@ def parse(argv) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--data", type=Path, default=common.DEFAULT_DATA, help="folder holding glue/RTE, glue/MRPC")
     p.add_argument("--vocab", type=Path, help="vocab.txt (default DATA/vocab/bert-base-uncased/vocab.txt)")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--tasks", nargs="+", default=["rte", "mrpc"])
     p.add_argument("--preset", default="mini")
     p.add_argument("--limit", type=int, help="first N train and first N dev examples only")
@@ -83,7 +79,6 @@ def parse(argv) -> argparse.Namespace:
     p.add_argument("--precisions", nargs="+", choices=["fp32", "bf16"],
                    help="each side runs in each (bf16: TrainingArguments' bf16 autocast); default fp32 and bf16, "
                    "fp32 only with --quick on a CPU without native bf16 (make bench-full measures it there)")
-    p.add_argument("--bf16", action="store_true", help="bf16 only (= --precisions bf16)")
     p.add_argument("--out", default="finetune_speed", help="result name: runs/bench/NAME.json (or a path.json)")
     p.add_argument("--memory-child", choices=SIDES, help=argparse.SUPPRESS)
     p.add_argument("--task", help=argparse.SUPPRESS)
@@ -91,13 +86,12 @@ def parse(argv) -> argparse.Namespace:
     args.vocab = args.vocab or args.data / "vocab" / "bert-base-uncased" / "vocab.txt"
     args.train_limit = args.limit or (256 if args.quick else None)
     args.repeats = 3 if args.quick else args.repeats
-    if args.bf16:
-        args.precisions = ["bf16"]
     if args.precisions is None:
         from bert_suite.precision import native_bf16_flag
 
-        args.precisions = ["fp32"] if args.quick and native_bf16_flag() is None else ["fp32", "bf16"]
-    args.runs = run_names(args.precisions)
+        emulated = args.device == "cpu" and native_bf16_flag() is None
+        args.precisions = ["fp32"] if args.quick and emulated else ["fp32", "bf16"]
+    args.runs = [side if p == "fp32" else f"{side} {p}" for p in args.precisions for side in SIDES]
     return args
 
 
@@ -144,7 +138,7 @@ def build(task, args, tmp, runs=None) -> SimpleNamespace:
     collators = {"ours": runner.adapter_for(card).collator(tok), "stock": transformers.default_data_collator}
     kinds = {"ours": (runner.SuiteTrainer, {}), "stock": (transformers.Trainer, {"train_sampling_strategy": "random"})}
     def overrides(run):  # TrainingArguments' bf16 (and use_cpu, which bf16 needs without a GPU), as the runner sets them
-        values = {**OVERRIDES, **kinds[side_of(run)][1]}
+        values = {**OVERRIDES, **kinds[side_of(run)][1], "use_cpu": args.device == "cpu"}
         runner.apply_precision(values, Precision(precision_of(run), "--precisions"))
         return values
 
@@ -189,9 +183,8 @@ def warm_up(setup) -> float:
 
 def token_counts(setup, side) -> dict:
     """Examples, real and padded tokens of the batches the Trainer's dataloaders build (train: same seed)."""
-    trainer = setup.trainers[side]
+    trainer, counts = setup.trainers[side], {}
     transformers.set_seed(SEED)
-    counts = {}
     for name, loader in (("train", trainer.get_train_dataloader()),
                          ("predict", trainer.get_test_dataloader(setup.feats[side]["validation"]))):
         examples = real = padded = 0
@@ -205,12 +198,12 @@ def token_counts(setup, side) -> dict:
 def profile(setup, run) -> dict:
     """Where one training step (32 examples, fused AdamW as Trainer's default) and one prediction batch (64) spend
     time (the model's forward is the Trainer's, so bf16 runs under its autocast)."""
-    side = side_of(run)
-    model = setup.models[run]
-    train_batch, dev_batch = (setup.collators[side](list(first(setup.feats[side][s], n).remove_columns("idx")))
-                              for s, n in (("train", 32), ("validation", 64)))
+    side, model = side_of(run), setup.models[run]
+    train_batch, dev_batch = ({k: v.to(model.device) for k, v in setup.collators[side](
+        list(first(setup.feats[side][s], n).remove_columns("idx"))).items()}
+        for s, n in (("train", 32), ("validation", 64)))
     optimizer = torch.optim.AdamW(model.parameters(), lr=2e-5, fused=True)
-    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision_of(run) == "bf16")
+    autocast = torch.autocast(model.device.type, dtype=torch.bfloat16, enabled=precision_of(run) == "bf16")
 
     def step():
         model.train()
@@ -227,7 +220,7 @@ def profile(setup, run) -> dict:
 
     step()  # warm-up: optimizer state, first-call costs
     forward()
-    return {f"{run} train": common.profile_breakdown(step), f"{run} predict": common.profile_breakdown(forward)}
+    return {f"{run} train": common.profile(step, model.device), f"{run} predict": common.profile(forward, model.device)}
 
 
 def measure(task, args, tmp) -> dict:
@@ -235,11 +228,10 @@ def measure(task, args, tmp) -> dict:
     setup = build(task, args, tmp)
     shown = {s: {k: getattr(getattr(t.args, k), "value", getattr(t.args, k)) for k in SHOWN_ARGS}
              for s, t in setup.trainers.items()}
-    result = {"training_arguments": shown,
-              "state_dict": setup.state_dict, "logit_max_abs_diff": warm_up(setup)}
+    result = {"training_arguments": shown, "state_dict": setup.state_dict, "logit_max_abs_diff": warm_up(setup)}
     runs = setup.runs
     for name, fn, split in (("train", train, "train"), ("predict", predict, "validation")):
-        seconds = common.alternate({r: partial(fn, setup, r) for r in runs}, args.repeats)
+        seconds = common.alternate({r: partial(fn, setup, r) for r in runs}, args.repeats, args.device)
         n, medians = len(setup.feats["ours"][split]), {r: common.median(seconds[r]) for r in runs}
         ratios = {p: medians[r.replace("ours", "stock")] / medians[r] for r in runs if side_of(r) == "ours"
                   for p in [precision_of(r)]}  # ours / stock (speed), per precision
@@ -253,22 +245,26 @@ def measure(task, args, tmp) -> dict:
     if args.profile:
         result["profile"] = {k: v for r in runs for k, v in profile(setup, r).items()}
     if not args.no_memory:
-        passed = ["--data", str(args.data), "--vocab", str(args.vocab), "--preset", args.preset, "--task", task]
+        passed = ["--data", str(args.data), "--vocab", str(args.vocab), "--preset", args.preset, "--task", task,
+                  "--device", args.device]
         # The peak comes from the longest batches: a 128-example epoch (RTE and MRPC reach 128 tokens) will do.
         passed += ["--limit", str(min(args.limit or 128, 128))]
-        result["memory"] = {r: common.peak_memory_child([str(Path(__file__).resolve()), "--memory-child", side_of(r),
-                                                         "--precisions", precision_of(r), *passed]) for r in runs}
+        result["memory"] = {r: common.run_child([str(Path(__file__).resolve()), "--memory-child", side_of(r),
+                                                "--precisions", precision_of(r), *passed]) for r in runs}
     return result
 
 
 def memory_child(args, tmp) -> dict:
-    """One side only: build, one epoch, one prediction; print peak and pre-training RSS (MiB) last."""
+    """One side only: build, one epoch, one prediction; print peak and pre-training RSS (MiB) last (on CUDA, and
+    the peak GPU memory)."""
     (run,) = [r for r in args.runs if side_of(r) == args.memory_child]
     setup = build(args.task, args, tmp, runs=[run])
     baseline = common.max_rss_mib()
     train(setup, run)
     predict(setup, run)
     out = {"peak_rss_mib": common.max_rss_mib(), "baseline_rss_mib": baseline}
+    if args.device == "cuda":
+        out["peak_gpu_mib"] = torch.cuda.max_memory_allocated() / 2**20
     print(json.dumps(out))
     return out
 
@@ -277,21 +273,17 @@ def report(payload) -> None:
     """Markdown table (examples/s per run, ours/stock per precision, bf16/fp32 per side), then per task:
     token shares, logit checks, memory, training arguments, profiles."""
     runs = payload["settings"]["runs"]
-    rows = []
-    for task, r in payload["tasks"].items():
-        for name in ("train", "predict"):
-            row = {"task": task, "what": "fine-tuning epoch" if name == "train" else "predict dev",
-                   "n": r[name]["examples"], **r[name]["examples_per_s"],
-                   **{f"ratio {p}": v for p, v in r[name]["ratio_by_precision"].items()},
-                   **{f"{s} bf16/fp32": v for s, v in r[name]["bf16_over_fp32"].items()},
-                   **{f"{run} rss": m["peak_rss_mib"] for run, m in r.get("memory", {}).items()}}
-            rows.append(row)
+    rows = [{"task": task, "what": "fine-tuning epoch" if name == "train" else "predict dev",
+             "n": r[name]["examples"], **r[name]["examples_per_s"],
+             **{f"ratio {p}": v for p, v in r[name]["ratio_by_precision"].items()},
+             **{f"{s} bf16/fp32": v for s, v in r[name]["bf16_over_fp32"].items()},
+             **{f"{run} rss": m["peak_rss_mib"] for run, m in r.get("memory", {}).items()}}
+            for task, r in payload["tasks"].items() for name in ("train", "predict")]
     precisions = payload["settings"]["precisions"]
-    columns = [("task", "task"), ("what", "measurement"), ("n", "examples"),
-               *[(run, f"{run} ex/s") for run in runs], *[(f"ratio {p}", f"ours/stock {p}") for p in precisions]]
-    if len(precisions) == 2:
-        columns += [(f"{s} bf16/fp32", f"{s} bf16/fp32") for s in SIDES]
-    columns += [(f"{run} rss", f"peak MiB {run}") for run in runs]
+    columns = [("task", "task"), ("what", "measurement"), ("n", "examples"), *[(run, f"{run} ex/s") for run in runs],
+               *[(f"ratio {p}", f"ours/stock {p}") for p in precisions],
+               *[(f"{s} bf16/fp32", f"{s} bf16/fp32") for s in SIDES if len(precisions) == 2],
+               *[(f"{run} rss", f"peak MiB {run}") for run in runs]]
     print(common.table(rows, columns))
     print("(peak RSS: one child process per run, running one epoch and one prediction)")
     for task, r in payload["tasks"].items():
@@ -318,6 +310,8 @@ def report(payload) -> None:
 def main(argv=None) -> dict:
     """Run the benchmark (or, with --memory-child, one side's memory run); returns the result."""
     args = parse(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        common.skip("no CUDA device here (--device cpu measures the CPU)")
     check_data(args, [args.task] if args.memory_child else args.tasks)
     transformers.logging.set_verbosity_error()
     datasets.disable_progress_bars()

@@ -4,17 +4,18 @@
 #   bash benchmarks/gpu_check.sh --device cpu --quick --bundle DIR --out DIR   (every step at toy size: a test)
 #   bash benchmarks/gpu_check.sh --only pretrain-base-128,recipe               (some steps; names as below)
 #
-# Everything the project measures on a GPU, in one command that fits a short lease (8 minutes by default):
+# Everything the project measures on a GPU, in one command of 8 minutes by default:
 #   install      the bundle's wheels (`make gpu-bundle`) into a private folder, when the machine lacks them
-#   pretrain     the pre-training step (benchmarks/gpu_pretrain_step.py): base at 128 (with an earlier
-#                bert_suite when the bundle holds one, the host-sync check and a profile), tiny and mini at 128
-#                (every form, CUDA graphs included, and captured-vs-uncaptured losses), base at 512
+#   pretrain     the pre-training step (pretrain_step.py --device cuda): base at 128 (with an earlier bert_suite when
+#                the bundle holds one, the host-sync check and a profile), tiny and mini at 128 (every form, CUDA
+#                graphs included, captured-vs-uncaptured losses), base at 512
 #   finetune     fine-tuning speed, base on RTE in bf16, ours against the stock recipe (finetune_speed.py)
-#   correctness  every head against stock on the device (gpu_correctness.py)
-#   recipe       the recipe itself on a bundled corpus, killed and resumed (gpu_recipe_check.py)
-#   summary      gpu_check.json (every step's result) and summary.md (tables, goals) from the parts
-# Each step runs under its own time limit and what is left of the budget, so one slow or failing step
-# cannot sink the rest; the order puts the measurements the goals need first. At most 8 files come out.
+#   correctness  every head against stock on the device (tests/test_gpu.py -k test_correctness)
+#   recipe       the recipe on the bundled corpus, killed and resumed (tests/test_gpu.py -k test_recipe)
+#   summary      gpu_check.json (every step's result) and summary.md (tables, goals): gpu_check_summary.py
+# A step is a line `step NAME LIMIT command...` below, its figures the JSON files it writes into $PARTS (the tests
+# through BERT_SUITE_GPU_RECORD). Each runs within its limit and the budget left, so one slow or failing step cannot
+# sink the rest; the goals' measurements come first. At most 8 files come out.
 set -uo pipefail
 
 DEVICE=cuda QUICK=0 BUNDLE=.gpu-bundle OUTDIR=${OUT:-runs/gpu-check} BUDGET=480 ONLY=""
@@ -26,7 +27,7 @@ while [ $# -gt 0 ]; do
         --out) OUTDIR=$2; shift 2 ;;
         --budget) BUDGET=$2; shift 2 ;;
         --only) ONLY=",$2,"; shift 2 ;;
-        -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
         *) echo "gpu_check: unknown option $1 (expected --device, --quick, --bundle, --out, --budget, --only)" >&2
            exit 2 ;;
     esac
@@ -80,15 +81,16 @@ if [ "$DEVICE" = cuda ] && ! $PY -c "import torch, sys; sys.exit(not torch.cuda.
 fi
 # --- install: what the machine lacks, from the bundle (no network there)
 PIN=$(grep -i '^transformers==' constraints.txt | cut -d= -f3)
-if ! $PY -c "import datasets, evaluate, seqeval, transformers as t; assert t.__version__ == '$PIN'" 2>/dev/null; then
+if ! $PY -c "import datasets, evaluate, seqeval, pytest, transformers as t; assert t.__version__ == '$PIN'" 2>/dev/null
+then
     SITE=${SITE:-/tmp/bert-suite-site}
     if ls "$BUNDLE"/wheels/*.whl >/dev/null 2>&1; then
         step install 120 $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
             --target "$SITE" "$BUNDLE"/wheels/*.whl
         export PYTHONPATH="$PWD/src:$SITE${PYTHONPATH#"$PWD/src"}"
     else
-        echo "== install: $BUNDLE/wheels has no wheels and this Python lacks datasets/evaluate/seqeval or" \
-            "transformers $PIN: run make gpu-bundle where pip works, and copy .gpu-bundle/ here" | tee -a "$LOG"
+        echo "== install: $BUNDLE/wheels has no wheels and this Python lacks datasets/evaluate/seqeval/pytest" \
+            "or transformers $PIN: run make gpu-bundle where pip works, and copy .gpu-bundle/ here" | tee -a "$LOG"
     fi
 fi
 $PY -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), \
@@ -96,16 +98,18 @@ torch.cuda.get_device_name() if torch.cuda.is_available() else '')" 2>&1 | tee -
 
 BEFORE=()
 [ -d "$BUNDLE/before/bert_suite_before" ] && BEFORE=(--before "$BUNDLE/before")
-PRE=(benchmarks/gpu_pretrain_step.py --device "$DEVICE")
+PRE=(benchmarks/pretrain_step.py --device "$DEVICE" --in_process --peak_tflops 989)  # MFU as on an H100/H200
+# the GPU checks are tests (skipped without CUDA unless told the device); they write their parts themselves
+TESTS=(env BERT_SUITE_TEST_DEVICE="$DEVICE" BERT_SUITE_TEST_QUICK="$QUICK" BERT_SUITE_TEST_DATA="$BUNDLE/data"
+    BERT_SUITE_GPU_RECORD="$PARTS" $PY -m pytest tests/test_gpu.py -q -x -p no:cacheprovider)
 if ((QUICK)); then  # toy sizes, fp32, no compilation (minutes of code generation on a small CPU)
-    PRE+=(--dtype fp32 --steps 1 --repeats 1 --tokens 128)
+    PRE+=(--precisions fp32 --steps 1 --repeats 1 --tokens 128)
     step pretrain-tiny 120 $PY "${PRE[@]}" --preset tiny --seq_len 32 --variants stock ${BEFORE:+before} eager graph \
         "${BEFORE[@]}" --out "$PARTS/pretrain-tiny-32.json"
-    step finetune 120 $PY benchmarks/finetune_speed.py --data "$BUNDLE/data" --preset tiny --tasks rte --limit 32 \
-        --repeats 1 --precisions fp32 --no-memory --out "$PARTS/finetune.json"
-    step correctness 120 $PY benchmarks/gpu_correctness.py --device "$DEVICE" --quick --out "$PARTS/correctness.json"
-    step recipe 120 $PY benchmarks/gpu_recipe_check.py --data "$BUNDLE/data" --device "$DEVICE" --quick \
-        --out "$PARTS/recipe.json"
+    step finetune 120 $PY benchmarks/finetune_speed.py --device "$DEVICE" --data "$BUNDLE/data" --preset tiny \
+        --tasks rte --limit 32 --repeats 1 --precisions fp32 --no-memory --out "$PARTS/finetune.json"
+    step correctness 120 "${TESTS[@]}" -k test_correctness
+    step recipe 120 "${TESTS[@]}" -k test_recipe
 else
     step pretrain-base-128 110 $PY "${PRE[@]}" --preset base --seq_len 128 --check --profile "${BEFORE[@]}" \
         --variants stock ${BEFORE:+before} eager compiled compiled+graph --out "$PARTS/pretrain-base-128.json"
@@ -115,11 +119,10 @@ else
         --out "$PARTS/pretrain-mini-128.json"
     step pretrain-base-512 80 $PY "${PRE[@]}" --preset base --seq_len 512 --variants stock eager compiled \
         compiled+graph --out "$PARTS/pretrain-base-512.json"
-    step finetune 100 $PY benchmarks/finetune_speed.py --data "$BUNDLE/data" --preset base --tasks rte \
-        --repeats 3 --precisions bf16 --no-memory --out "$PARTS/finetune.json"
-    step correctness 90 $PY benchmarks/gpu_correctness.py --device "$DEVICE" --out "$PARTS/correctness.json"
-    step recipe 150 $PY benchmarks/gpu_recipe_check.py --data "$BUNDLE/data" --device "$DEVICE" --steps 120 \
-        --kill_at 80 --out "$PARTS/recipe.json"
+    step finetune 100 $PY benchmarks/finetune_speed.py --device "$DEVICE" --data "$BUNDLE/data" --preset base \
+        --tasks rte --repeats 3 --precisions bf16 --no-memory --out "$PARTS/finetune.json"
+    step correctness 90 "${TESTS[@]}" -k test_correctness
+    step recipe 150 "${TESTS[@]}" -k test_recipe
     step pretrain-base-128-b256 60 $PY "${PRE[@]}" --preset base --seq_len 128 --tokens 32768 \
         --variants stock compiled+graph --out "$PARTS/pretrain-base-128-b256.json"
 fi

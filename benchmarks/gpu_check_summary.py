@@ -25,9 +25,9 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def fmt(value, digits: int = 3) -> str:
+def fmt(value) -> str:
     if isinstance(value, float):
-        return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.{digits}g}"
+        return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.3g}"
     return "" if value is None else str(value)
 
 
@@ -78,22 +78,22 @@ def summary(parts: dict, status: list[str]) -> str:
     rows = [r for name, p in sorted(parts.items()) if name.startswith("pretrain-") for r in p.get("rows", [])]
     if rows:
         lines += ["## Pre-training step (tokens/s, MFU vs 989 TFLOP/s)", "", *table(
-            ["preset", "length", "batch", "variant", "tokens/s", "MFU", "ms/step", "vs stock", "vs before", "peak MiB",
-             "warm-up s"],
-            [[r["preset"], r["seq_len"], r["batch"], r["variant"], r["tokens_per_s"], r["mfu"], r["step_ms"],
-              r["vs_stock"], r["vs_before"], r["peak_mib"], r.get("warm_up_s")] for r in rows]), ""]
-    for name, part in sorted(parts.items()):
-        if not name.startswith("pretrain-"):
-            continue
-        for key in ("errors", "sync_check", "graph_vs_eager", "graph_vs_eager compiled"):
-            if part.get(key):
-                lines.append(f"- {name} {key}: {json.dumps(part[key], default=str)[:600]}")
-        for key in ("profile", "profile_uncaptured"):
-            profile = part.get(key)
-            if profile:
-                lines += [f"- {name} {key} ({profile['variant']}): " + json.dumps(
-                    {k: v for k, v in profile.items() if k not in ("variant", "top_kernels")}, default=str),
-                          "", "```", *profile.get("top_kernels", []), "```"]
+            ["preset", "length", "batch", "variant", "precision", "tokens/s", "MFU", "ms/step", "vs stock", "vs before",
+             "peak MiB", "warm-up s"],
+            [[r["preset"], r["seq_len"], r["batch"], r["variant"], r.get("precision"), r["tokens_per_s"], r["mfu"],
+              r["step_ms"], r.get("vs_stock"), r.get("vs_before"), r.get("peak_mib"), r.get("warm_up_s")]
+             for r in rows]), ""]
+    for name, part in sorted((n, p) for n, p in parts.items() if n.startswith("pretrain-")):
+        for key, found in [("errors", part.get("errors")), *part.get("checks", {}).items()]:
+            if found:
+                lines.append(f"- {name} {key}: {json.dumps(found, default=str)[:600]}")
+        best = max((r for r in part.get("rows", []) if "profile" in r), key=lambda r: r["tokens_per_s"], default=None)
+        if best:  # the device is busy ms_per_step of the step's ms/step (every run's profile: the log)
+            found, total = best["profile"], sum(best["profile"]["by_kind"].values()) or 1
+            lines += [f"- {name}, {best['variant']}'s step: {found['ms_per_step']:.2f} ms busy of "
+                      f"{best['step_ms']:.2f}, {found['calls_per_step']:.0f} calls; " + ", ".join(
+                          f"{kind} {100 * spent / total:.0f}%" for kind, spent in found["by_kind"].items()),
+                      "", "```", *found["top"], "```"]
     fine = parts.get("finetune", {}).get("tasks", {})
     for task, result in fine.items():
         lines += ["", f"## Fine-tuning ({task})", "", *table(
@@ -116,14 +116,16 @@ def summary(parts: dict, status: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def read(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        return {"unreadable": str(err)}
+
+
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    parts = {}
-    for path in sorted(args.parts.glob("*.json")):
-        try:
-            parts[path.stem] = json.loads(path.read_text())
-        except json.JSONDecodeError as err:
-            parts[path.stem] = {"unreadable": str(err)}
+    parts = {path.stem: read(path) for path in sorted(args.parts.glob("*.json"))}
     merged = {"status": dict(s.split("=", 1) for s in args.status if "=" in s), "goals": goals(parts), **parts}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "gpu_check.json").write_text(json.dumps(merged, indent=2, default=str) + "\n")

@@ -2,21 +2,17 @@
 """The data pipeline against corpus size: `bert-suite tokenizer` beside `tokenizers`' WordPieceTrainer,
 and `bert-suite pretrain-data`, in time and peak memory, at 100 MB, 300 MB and 1 GB.
 
-Corpora: synthetic Zipf text (benchmarks/zipf_corpus.py: Heaps' law growth of distinct words,
-~0.7), written once into --work_dir; with --letters_sizes_mb, text with little subword structure
-(zipf_corpus.write_letters_corpus: pseudo-words of letters drawn independently), where the merges touch
-most words; plus a real-text point, the shared corpora concatenated
-(Gutenberg books, WikiText-2, film reviews, Brown, State of the Union; skipped when ../shared/data
-is absent). Every run is its own process, timed from start to exit (imports included), and its
-memory sampled every 0.5 s: `peak_mib` is the largest sum of the process tree's proportional set
-sizes (PSS: pages shared between forked workers count once), `worker_peak_mib` the largest single
-process's PSS, and `anon_peak_mib` / `worker_anon_peak_mib` the same for anonymous memory only (the heap:
-file pages such as memory-mapped Arrow output count in PSS but the kernel can drop them). Vocabulary: 30,522, uncased, min_frequency 2, both trainers on the same file and the
-same cores (`--num_proc` P for ours; RAYON_NUM_THREADS=P and TOKENIZERS_PARALLELISM=true for `tokenizers`). Instances: max_seq_length
-128, dupe_factor 1, dynamic masking, with our vocabulary of the same corpus. Rows go to
-benchmarks/results/pipeline_scale.json as they finish (a rerun skips the rows it has), with the plot
-pipeline_scale.png: time and peak memory against corpus size. Each row names the CPU it ran on; `--redo
-vocabulary` measures a stage's rows again (a new trainer), keeping the others.
+Corpora, written once into --work_dir: synthetic Zipf text (zipf_corpus.py: Heaps' law growth of distinct words,
+~0.7); with --letters_sizes_mb, text with little subword structure (pseudo-words of letters drawn independently),
+where the merges touch most words; and a real-text point, the shared corpora concatenated (skipped without
+../shared/data). Every run is its own process, timed from start to exit (imports included), its memory sampled
+every 0.5 s: `peak_mib` the largest sum of the process tree's proportional set sizes (PSS: pages shared between
+forked workers count once), `worker_peak_mib` the largest process's, `anon_peak_mib` / `worker_anon_peak_mib` the
+same for anonymous memory only (file pages such as memory-mapped Arrow output count in PSS, but the kernel can drop
+them). Vocabulary: 30,522, uncased, min_frequency 2, both trainers on the same file and cores (`--num_proc` P for
+ours; RAYON_NUM_THREADS=P for `tokenizers`). Instances: length 128, dupe_factor 1, dynamic masking, with our
+vocabulary. Rows go to benchmarks/results/pipeline_scale.json as they finish (a rerun skips the rows it has; `--redo
+vocabulary` measures a stage's again), each naming its CPU, with the table pipeline_scale.md.
 """
 
 from __future__ import annotations
@@ -146,9 +142,6 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     args.work_dir.mkdir(parents=True, exist_ok=True)
     record = json.loads(args.out.read_text()) if args.out.is_file() and not args.fresh else {"rows": []}
-    for row in record["rows"]:  # rows measured before rows named their machine: the record's then
-        row.setdefault("cpu", record.get("machine", {}).get("cpu"))
-        row.setdefault("cpu_flags", record.get("machine", {}).get("cpu_flags"))
     asked = {f"zipf_{size:g}mb" for size in args.sizes_mb} | {f"letters_{size:g}mb" for size in args.letters_sizes_mb} \
         | ({"real"} if not args.no_real else set())
     record["rows"] = [r for r in record["rows"] if not (r["stage"] in args.redo and r["corpus"] in asked)]
@@ -218,12 +211,11 @@ def main(argv=None) -> None:
 
 
 def report(record: dict, out: Path) -> None:
-    """The summary into the record, the table (pipeline_scale.md) and the plot (pipeline_scale.png)."""
+    """The summary into the record, and the table (pipeline_scale.md)."""
     record["summary"] = summarise(record["rows"])
     out.write_text(json.dumps(record, indent=2) + "\n")
-    out.with_suffix(".md").write_text(markdown(record))
-    print(markdown(record))
-    plot(record["rows"], out.with_suffix(".png"))
+    print(text := markdown(record))
+    out.with_suffix(".md").write_text(text)
 
 
 def markdown(record: dict) -> str:
@@ -246,9 +238,7 @@ def summarise(rows: list[dict]) -> dict:
     """The goals: vocabulary time and memory against tokenizers' at the largest corpus, the same
     cores; instances' time per byte (largest against smallest synthetic corpus), memory per worker
     flatness, and parallel efficiency 1 -> 2 processes."""
-    def row(corpus, stage, tool, p):
-        return next((r for r in rows if (r["corpus"], r["stage"], r["tool"], r["num_proc"]) == (corpus, stage, tool, p)),
-                    None)
+    index = {(r["corpus"], r["stage"], r["tool"], r["num_proc"]): r for r in rows}
 
     def by_size(family):
         return sorted({r["corpus"] for r in rows if r["corpus"].startswith(family)},
@@ -258,7 +248,7 @@ def summarise(rows: list[dict]) -> dict:
     summary: dict = {}
     for corpus in [*by_size("zipf"), *by_size("letters")]:  # the vocabulary against tokenizers', at every size
         for p in sorted({r["num_proc"] for r in rows}):
-            ours, theirs = row(corpus, "vocabulary", "bert_suite", p), row(corpus, "vocabulary", "tokenizers", p)
+            ours, theirs = (index.get((corpus, "vocabulary", tool, p)) for tool in ("bert_suite", "tokenizers"))
             if ours and theirs and ours.get("cpu") == theirs.get("cpu"):
                 summary[f"vocabulary_{corpus}_np{p}"] = {
                     "time_ratio_ours_over_tokenizers": round(ours["seconds"] / theirs["seconds"], 3),
@@ -267,7 +257,7 @@ def summarise(rows: list[dict]) -> dict:
         return summary
     small, large = synthetic[0], synthetic[-1]
     for p in sorted({r["num_proc"] for r in rows}):
-        a, b = row(small, "instances", "bert_suite", p), row(large, "instances", "bert_suite", p)
+        a, b = index.get((small, "instances", "bert_suite", p)), index.get((large, "instances", "bert_suite", p))
         if a and b and a is not b:
             summary[f"instances_np{p}"] = {
                 "time_per_byte_ratio_large_over_small": round((b["seconds"] / b["bytes"]) / (a["seconds"] / a["bytes"]), 3),
@@ -277,41 +267,10 @@ def summarise(rows: list[dict]) -> dict:
                     b["worker_anon_peak_mib"] / a["worker_anon_peak_mib"], 3)
     for corpus in synthetic:
         for stage in ("instances", "vocabulary"):
-            one, two = row(corpus, stage, "bert_suite", 1), row(corpus, stage, "bert_suite", 2)
+            one, two = index.get((corpus, stage, "bert_suite", 1)), index.get((corpus, stage, "bert_suite", 2))
             if one and two:
                 summary[f"{stage}_parallel_efficiency_{corpus}"] = round(one["seconds"] / (2 * two["seconds"]), 3)
     return summary
-
-
-def plot(rows: list[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
-    series = sorted({(r["stage"], r["tool"], r["num_proc"], r["corpus"].split("_")[0]) for r in rows
-                     if r["corpus"] != "real"})
-    for stage, tool, p, family in series:
-        points = sorted((r["bytes"] / 1e6, r["seconds"], r["peak_mib"]) for r in rows
-                        if (r["stage"], r["tool"], r["num_proc"]) == (stage, tool, p) and r["corpus"].startswith(family))
-        label = f"{stage}: {tool}, {p} proc" + (" (letters)" if family == "letters" else "")
-        style = "-" if tool == "bert_suite" else "--"
-        marker = "o" if family == "zipf" else "s"
-        left.plot([x for x, _, _ in points], [t for _, t, _ in points], style, marker=marker, label=label)
-        right.plot([x for x, _, _ in points], [m / 1024 for _, _, m in points], style, marker=marker, label=label)
-    for axis, title, unit in ((left, "wall time", "seconds"), (right, "peak memory (PSS, process tree)", "GiB")):
-        axis.set_xscale("log")
-        axis.set_yscale("log")
-        axis.set_xlabel("corpus (MB, synthetic: Zipf text, o; letters, s)")
-        axis.set_ylabel(unit)
-        axis.set_title(title)
-        axis.grid(True, which="both", alpha=0.3)
-    left.legend(fontsize=7)
-    fig.tight_layout()
-    from bert_suite.io import save_figure
-
-    save_figure(fig, path)
 
 
 if __name__ == "__main__":

@@ -1,13 +1,11 @@
 # Command: .venv/bin/python benchmarks/pretrain_data_speed.py [--data ../shared/data] [--repeat 2]
 """Speed of pre-training data creation as a ratio to its floor.
 
-Floor: read the corpus, split it into documents and sentences, and tokenise every sentence once
-with the same fast tokenizer in the same batches: work any pipeline over this text must do.
-Pipeline: `build_pretraining_dataset` (max_seq_length 128, dupe_factor 1, dynamic masking,
-num_proc 1) on the same files, which adds shard planning, NSP instance creation and writing the
-`datasets` Arrow files. ratio = pipeline / floor (goal: <= 2). Corpus: the Gutenberg books and
-WikiText-2 test split under shared/data/corpus with the released bert-base-uncased vocab.txt;
-the benchmark skips (exit 0) with a message when those files are not there.
+Floor: read the corpus, split it into documents and sentences, and tokenise every sentence once with the same fast
+tokenizer in the same batches: work any pipeline over this text must do. Pipeline: `build_pretraining_dataset`
+(max_seq_length 128, dupe_factor 1, dynamic masking, num_proc 1) on the same files, which adds shard planning, NSP
+instances and the Arrow files. ratio = pipeline / floor (goal: <= 2). Corpus: the Gutenberg books and WikiText-2
+test split under shared/data/corpus with the released bert-base-uncased vocab.txt; skipped (exit 0) without them.
 """
 
 from __future__ import annotations

@@ -1,15 +1,12 @@
 # Command: .venv/bin/python benchmarks/squad_processing_speed.py [--data ../shared/data] [--repeat 3]
 """SQuAD pre- and post-processing time on the full official v1.1 dev set (10,570 questions).
 
-Reading: the JSON file -> questions (validated). Pre-processing: questions -> evaluation features
-(windows of 384 tokens, doc_stride 128, questions cut to 64 tokens, offsets and max-context
-flags), with the released bert-base-uncased vocabulary. Logits: one forward pass of a randomly
-initialised `tiny` BertSuiteForQuestionAnswering over every feature (not timed as processing).
-Post-processing: logits -> n-best 20 spans per question (max 30 tokens) -> answer texts, then the
-official-equivalent scorer. Each stage runs --repeat times (datasets' cache is off, so every
-repetition does the work); the median is printed with features per second. A sanity line scores
-the first gold answer of every question as the prediction (must be 100 / 100). Skips (exit 0)
-with a message when the dev file is not there.
+Reading: the JSON file -> questions (validated). Pre-processing: questions -> evaluation features (windows of 384
+tokens, doc_stride 128, questions cut to 64 tokens, offsets and max-context flags), with the released vocabulary.
+Logits: one forward pass of a random `tiny` BertSuiteForQuestionAnswering over every feature (not timed as
+processing). Post-processing: logits -> n-best 20 spans a question (at most 30 tokens) -> answer texts, then the
+official-equivalent scorer. Each stage runs --repeat times (datasets' cache off); the median with features per
+second. A sanity line scores the first gold answers as the predictions (100 / 100). Skips (exit 0) without the file.
 """
 
 from __future__ import annotations

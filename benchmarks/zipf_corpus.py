@@ -1,25 +1,18 @@
-"""Synthetic pre-training corpora of any size with a realistic vocabulary growth.
+"""Synthetic pre-training corpora of any size with a realistic vocabulary growth, for pipeline_scale.py.
 
-Word ranks are drawn from a Zipf-Mandelbrot law, P(rank k) ~ (k + Q)^-A with A = 1.4 and Q = 10:
-the most frequent word is ~3.4% of the tokens (English "the": ~6%) and the number of distinct words
-grows as Heaps' law with exponent ~0.7 (English text: 0.4-0.7, web text at the top), measured:
-116k distinct words at 10 MB, 246k at 30 MB. Rank k is spelt from syllables (digits of a
-scrambled k in base 100), short for frequent words. Documents are 5-40 sentences of 4-30 words,
-one sentence per line, a blank line between documents (the reference format, `--format lines`),
-first word capitalised, a comma now and then, a full stop at the end. Deterministic for a seed.
-
-    python benchmarks/zipf_corpus.py OUT.txt --mb 100 [--seed 0] [--letters]
-
-With --letters, a corpus with little subword structure (`write_letters_corpus`): names, identifiers, code,
-transliterated and agglutinative text look more like it than English prose does. Word ranks follow Zipf
-(exponent 1.1 over 8M word types); each type is 2 to 10 letters drawn independently by their frequency in
-English, so no piece recurs across words the way English stems and suffixes do (1.1M distinct words at
+Word ranks are drawn from a Zipf-Mandelbrot law, P(rank k) ~ (k + Q)^-A with A = 1.4 and Q = 10: the most frequent
+word is ~3.4% of the tokens (English "the": ~6%) and the distinct words grow as Heaps' law with exponent ~0.7
+(English text: 0.4-0.7), measured: 116k distinct words at 10 MB, 246k at 30 MB. Rank k is spelt from syllables
+(digits of a scrambled k in base 100), short for frequent words. Documents are 5-40 sentences of 4-30 words, one
+sentence a line, a blank line between documents (`--format lines`), first word capitalised, a comma now and then, a
+full stop at the end. Deterministic for a seed. `write_letters_corpus`: little subword structure (as names,
+identifiers, code or agglutinative text): Zipf ranks (exponent 1.1 over 8M types), each type 2 to 10 letters drawn
+independently by their English frequency, so no piece recurs the way stems and suffixes do (1.1M distinct words at
 100 MB); 15 words a line, a blank line every 40 lines.
 """
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 import numpy as np
@@ -110,18 +103,3 @@ def write_letters_corpus(path: str | Path, size_bytes: int, seed: int = 0, types
             written += len(text.encode())
             words += len(table)
     return {"bytes": written, "words": words, "distinct_words": len(set(spelt.values()))}
-
-
-def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("output", type=Path)
-    p.add_argument("--mb", type=float, required=True, help="size in MB (10^6 bytes)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--letters", action="store_true", help="low-structure text: letters drawn independently")
-    args = p.parse_args(argv)
-    write = write_letters_corpus if args.letters else write_zipf_corpus
-    print(write(args.output, int(args.mb * 1e6), args.seed))
-
-
-if __name__ == "__main__":
-    main()

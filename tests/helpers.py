@@ -220,7 +220,7 @@ def inputs_for(name):
 def write_pretrain_setup(folder: Path) -> Path:
     """In `folder`: a corpus of 60 documents, each drawing its sentences from its own 3 topic words
     (corpus.txt), its 14-token vocabulary (vocab.txt) and NSP instances of length 32 and 64 (data32,
-    data64). The recipe's tests and benchmarks/bf16_seed_spread.py train on it."""
+    data64). The recipe's tests train on it (and benchmarks/bf16_seed_spread.py did, at commit a320955)."""
     from bert_suite.pretraining.instances import build_pretraining_dataset
 
     rng = random.Random(0)

@@ -899,10 +899,10 @@ def test_a_variant_run_trains_its_free_runs_first_and_a_biphasic_run_waits_for_i
 
 @pytest.mark.slow  # two pre-trainings and the GPU route's three commands (about a minute): make test-all
 def test_a_study_pretrained_on_another_machine_comes_back_checked_and_is_found_pretrained(data, tmp_path):
-    """benchmarks/gpu_study_pretraining.sh's files at toy size on the CPU: `collect` packs the run's records and
+    """tools/gpu_study_pretraining.sh's files at toy size on the CPU: `collect` packs the run's records and
     its model in bf16, `install` puts it into another folder of the same study (weights back in fp32), where
     the study finds it pre-trained and launches nothing; a folder whose vocabulary differs refuses it."""
-    transfer = [sys.executable, str(REPO / "benchmarks" / "study_transfer.py")]
+    transfer = [sys.executable, str(REPO / "tools" / "study_transfer.py")]
     study = small_study(tmp_path, data, curve=None, pretraining={"checkpoints": None})
     work, back, here = tmp_path / "work", tmp_path / "back", tmp_path / "here"
     work.mkdir()

@@ -1,6 +1,7 @@
-"""The pre-training step benchmarks on data the tests write: the FLOPs formula by hand, the CPU
-benchmark's rows (same batches, same loss without dropout, ours does less work), and the GPU
-benchmark's variants run on CPU; clean skips when the data or the GPU is absent."""
+"""The benchmarks on data the tests write: the FLOPs formula by hand, the pre-training step benchmark's rows on
+the CPU (same batches, same loss without dropout, ours does less work) and its goals, `make gpu-check`'s script
+at toy size on the CPU, the data pipeline benchmark's corpora and summary; clean skips when the data or the GPU is
+absent."""
 
 import math
 import random
@@ -13,11 +14,7 @@ import pytest
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 sys.path.insert(0, str(BENCH))
 
-import bf16_seed_spread  # noqa: E402
 import common  # noqa: E402
-import compile_speed  # noqa: E402
-import gpu_correctness  # noqa: E402
-import gpu_pretrain_step  # noqa: E402
 import pretrain_step  # noqa: E402
 
 WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi".split()
@@ -47,62 +44,52 @@ def corpus(tmp_path, monkeypatch):
 def test_pretrain_step_benchmark_rows(corpus, precisions):
     payload = pretrain_step.main(["--corpus", str(corpus / "corpus.txt"), "--vocab", str(corpus / "vocab.txt"),
                                   "--presets", "tiny", "--batch_size", "4", "--seq_len", "32", "--steps", "2",
-                                  "--repeats", "1", "--no-memory", "--profile", "--precisions", *precisions,
+                                  "--repeats", "1", "--profile", "--precisions", *precisions,
                                   "--matmul_size", "128"])  # 2048 in bf16 without native bf16: minutes
-    (row,) = payload["rows"]
-    assert row["tokens"] > 0 and 0 < row["masked"] <= 2 * 4 * 20
-    assert row["loss_diff_no_dropout"] < 1e-5  # the same computation
-    assert row["ours_tokens_per_s"] > 0 and row["stock_tokens_per_s"] > 0 and row["speedup"] > 0
+    rows = {(r["variant"], r["precision"]): r for r in payload["rows"]}
+    assert set(rows) == {(side, p) for side in ("ours", "stock") for p in precisions}
+    ours, stock = rows["ours", "fp32"], rows["stock", "fp32"]
+    assert ours["tokens"] == stock["tokens"] > 0 and 0 < ours["masked"] <= 2 * 4 * 5  # the same batches
+    assert payload["checks"]["tiny"]["loss_diff_no_dropout"] < 1e-5  # the same computation
+    assert ours["tokens_per_s"] > 0 and stock["vs_stock"] == pytest.approx(1.0) and ours["vs_stock"] > 0
     # each side timed in its own process as its users run it: stock with glibc's defaults, ours tuned as the recipe
-    assert row["allocator"]["stock"] == "default" and row["allocator"]["ours"] in ("glibc tuned", "not glibc")
-    assert 0 < row["ours_mfu"] and 0 < row["stock_mfu"]
-    assert "matmul" in row["profile"]["ours step"] and "matmul" in row["profile"]["stock step"]
-    assert all(v > 0 for v in payload["matmul_bf16_flops"] + payload["matmul_fp32_flops"])
+    assert stock["allocator"] == "default" and ours["allocator"] in ("glibc tuned", "not glibc")
+    assert all(0 < r["mfu"] and r["peak_mib"] > r["model_mib"] > 0 for r in rows.values())
+    assert all("matmul" in r["profile"]["by_kind"] and r["profile"]["top"] for r in rows.values())
+    assert all(v > 0 for v in [*payload["peak_flops"].values(), *payload["peak_flops_after"].values()])
     assert (corpus / "results" / "pretrain_step.json").is_file()
     machine = payload["machine"]  # the kind of CPU the figures belong to, and the goals judged for it
     assert set(machine["flags"]) <= set(common.SPEED_FLAGS) and machine["kind"].startswith(("native bf16", "no native"))
     goals = [g["goal"].split(" >=")[0].split(" (")[0] for g in payload["goals"]]
     if precisions == ["fp32"]:
-        assert "ours bf16_tokens_per_s" not in row and "ours bf16 step" not in row["profile"]
         assert goals == ["ours/stock fp32"]
         return
     # both precisions in the same run: bf16 rows, their ratios, and each precision's own matmul peak
-    assert row["allocator"]["stock bf16"] == "default"
-    assert row["ours bf16_tokens_per_s"] > 0 and row["speedup bf16"] > 0 and row["ours bf16/fp32"] > 0
-    assert 0 < row["ours bf16_mfu"] and "matmul" in row["profile"]["ours bf16 step"]
+    assert rows["stock", "bf16"]["allocator"] == "default" and rows["ours", "bf16"]["bf16/fp32"] > 0
+    assert set(payload["peak_flops"]) == {"fp32", "bf16"}
     assert goals == ["ours/stock fp32", "ours bf16/fp32" if machine["native_bf16"] else "auto never slower than fp32",
                      "ours/stock bf16"]
 
 
 def test_pretrain_step_goals_per_kind_of_cpu():
-    """The goals of a row: fp32 against stock everywhere; where bf16 is native, bf16 over fp32 and bf16 against
-    stock at least fp32's ratio; where it is emulated, auto keeps fp32 (1.0x of fp32 by construction)."""
-    row = {"preset": "mini", "speedup": 4.2, "speedup bf16": 4.0, "ours bf16/fp32": 2.3}
-    native = pretrain_step.goals([row], "avx512_bf16")
+    """The goals of a preset's rows: fp32 against stock everywhere; where bf16 is native, bf16 over fp32 and bf16
+    against stock at least fp32's ratio; where it is emulated, auto keeps fp32 (1.0x of fp32 by construction)."""
+    def rows(bf16_over_fp32):
+        ours = {"preset": "mini", "variant": "ours"}
+        return [{**ours, "precision": "fp32", "vs_stock": 4.2},
+                {**ours, "precision": "bf16", "vs_stock": 4.0, "bf16/fp32": bf16_over_fp32}]
+
+    native = pretrain_step.goals(rows(2.3), "avx512_bf16")
     assert [(g["goal"], round(g["measured"], 2), g["met"]) for g in native] == [
         ("ours/stock fp32 >= 4.0", 4.2, True), ("ours bf16/fp32 >= 2.0", 2.3, True),
         ("ours/stock bf16 >= fp32's 4.20", 4.0, False)]
-    emulated = pretrain_step.goals([{**row, "ours bf16/fp32": 0.4}], None)
+    emulated = pretrain_step.goals(rows(0.4), None)
     assert emulated[1] == {"preset": "mini", "goal": "auto never slower than fp32 (auto = fp32: bf16 emulated, 0.40x "
                                                      "of fp32)", "measured": 1.0, "met": True}
     assert emulated[2]["met"] is None  # emulated bf16 against stock: a figure, not a goal
-    assert pretrain_step.goals([{"preset": "base", "speedup": 1.5}], None) == [
+    base = {"preset": "base", "variant": "ours", "precision": "fp32", "vs_stock": 1.5}
+    assert pretrain_step.goals([base], None) == [
         {"preset": "base", "goal": "ours/stock fp32 >= 1.6", "measured": 1.5, "met": False}]
-
-
-def test_bf16_seed_spread_pairs_the_precisions_seed_by_seed(tmp_path, monkeypatch):
-    """The benchmark behind the bf16 recipe test's bounds, in small: per seed both precisions from the same
-    start (the first steps agree to bf16 rounding), the paired differences and their spread over seeds."""
-    monkeypatch.setattr(common, "RESULTS_DIR", tmp_path)
-    payload = bf16_seed_spread.main(["--seeds", "1", "2", "--steps", "8", "--early_steps", "4"])
-    assert [r["seed"] for r in payload["rows"]] == [1, 2] and payload["tail_steps"] == "7-8"
-    for row in payload["rows"]:
-        assert row["difference"] == pytest.approx(row["bf16"] - row["fp32"]) and row["max_early_difference"] < 0.01
-    summary = payload["summary"]
-    assert summary["seeds"] == 2 and summary["sd_difference"] >= 0 and summary["max_early_difference"] < 0.01
-    assert summary["mean_difference"] == pytest.approx(sum(r["difference"] for r in payload["rows"]) / 2)
-    assert payload["rows"][0]["fp32"] != payload["rows"][1]["fp32"]  # another seed, another run
-    assert (tmp_path / "bf16_seed_spread.json").is_file() and payload["machine"]["kind"]
 
 
 def test_pretrain_step_skips_without_data(tmp_path, capsys):
@@ -155,6 +142,7 @@ def run_gpu_check(tmp_path: Path, *extra: str) -> dict:
     assert all(state.startswith("ok") for state in record["status"].values()), record["status"]
     rows = {r["variant"]: r for r in record["pretrain-tiny-32"]["rows"]}
     assert set(rows) == {"stock", "before", "eager", "graph"} and rows["stock"]["vs_stock"] == pytest.approx(1.0)
+    assert {r["precision"] for r in rows.values()} == {"fp32"} and not record["pretrain-tiny-32"]["errors"]
     assert all(r["tokens_per_s"] > 0 and r["mfu"] > 0 for r in rows.values())
     summary = (out / "summary.md").read_text()
     assert "| base at 128: MFU >= 0.45 | not measured | - |" in summary and "## Pre-training step" in summary
@@ -162,8 +150,8 @@ def run_gpu_check(tmp_path: Path, *extra: str) -> dict:
 
 
 def test_gpu_check_runs_a_step_and_its_summary_on_the_cpu(tmp_path):
-    """`make gpu-check`'s script on the CPU with one step (--only pretrain-tiny: the GPU benchmark's variants,
-    CUDA-graph body included, against stock and an earlier bert_suite), so that the script cannot rot while no
+    """`make gpu-check`'s script on the CPU with one step (--only pretrain-tiny: the recipe's step forms, CUDA-graph
+    body included, against stock and an earlier bert_suite, timed as on CUDA), so that the script cannot rot while no
     GPU is at hand: the step ends ok, the steps not asked for are left out, the summary is written from the one
     part; a mistyped option and a machine without CUDA are one line each, with nothing run. Every step at toy
     size: the slow test below (make test-all)."""
@@ -189,74 +177,41 @@ def test_gpu_check_runs_a_step_and_its_summary_on_the_cpu(tmp_path):
 @pytest.mark.slow  # five processes, 35-50 s on 2 cores (more under load): make test-all; one step above
 def test_gpu_check_runs_every_step_on_the_cpu(tmp_path):
     """`benchmarks/gpu_check.sh --device cpu --quick`: every step of `make gpu-check` at toy size on data the
-    test writes (a bundle without wheels: this Python has the packages). Each step ends ok; at most 8 files come
-    out; the merged record holds every part."""
+    test writes (a bundle without wheels: this Python has the packages), the correctness and recipe steps as
+    tests/test_gpu.py told the device (BERT_SUITE_TEST_DEVICE=cpu). Each step ends ok; at most 8 files come out;
+    the merged record holds every part, and the summary the tests' tables."""
     record = run_gpu_check(tmp_path)
     assert record["status"].keys() == {"pretrain-tiny", "finetune", "correctness", "recipe"}
     assert record["finetune"]["tasks"]["rte"]["train"]["ratio_by_precision"]["fp32"] > 0
     assert [r["head"] for r in record["correctness"]["rows"]] == ["Model", "ForPreTraining"]
+    assert record["correctness"]["device"] == "cpu" and record["recipe"]["step_form"] == "eager"
     assert record["recipe"]["uninterrupted"]["exit"] == 0 and record["recipe"]["tokens_per_second"] > 0
+    summary = (tmp_path / "out" / "summary.md").read_text()
+    assert "## Correctness" in summary and "## The recipe" in summary
 
 
-def test_gpu_correctness_leaves_out_bf16_where_it_is_emulated(monkeypatch):
-    import bert_suite.precision
-
-    monkeypatch.setattr(bert_suite.precision, "native_bf16_flag", lambda: None)
-    assert not gpu_correctness.bf16_is_fast("cpu") and gpu_correctness.bf16_is_fast("cuda")
-    monkeypatch.setattr(bert_suite.precision, "native_bf16_flag", lambda: "avx512_bf16")
-    assert gpu_correctness.bf16_is_fast("cpu")
-
-
-def test_batch_benchmark_skips_without_data(tmp_path, capsys):
-    import pretrain_batches
-
-    with pytest.raises(SystemExit) as exit_info:
-        pretrain_batches.main(["--data", str(tmp_path / "nowhere")])
-    assert exit_info.value.code == 0 and "nowhere" in capsys.readouterr().out
-
-
-def test_gpu_batches_have_a_fixed_number_of_masks_inside_the_sequence():
+def test_random_batches_have_a_fixed_number_of_masks_inside_the_sequence():
     import torch
 
-    config = SimpleNamespace(vocab_size=2000)
-    (batch,) = gpu_pretrain_step.make_batches(config, 128, 3, 1, "cpu")
+    (batch,) = pretrain_step.random_batches(2000, 128, 3, 1)
     chosen = batch["labels"] != -100
     assert chosen.sum(1).tolist() == [19, 19, 19]  # 15% of 128, under the cap of 20
     assert not chosen[:, 0].any() and not chosen[:, -1].any()
     assert torch.all(batch["input_ids"][chosen] == 103)
 
 
-def test_gpu_benchmark_skips_without_cuda(capsys, monkeypatch):
+def test_pretrain_step_on_cuda_skips_without_cuda_and_refuses_what_cannot_run(capsys, monkeypatch):
     import torch
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(SystemExit) as exit_info:
-        gpu_pretrain_step.main([])
+        pretrain_step.main(["--device", "cuda"])
     assert exit_info.value.code == 0 and "no CUDA" in capsys.readouterr().out
-
-
-def test_gpu_correctness_skips_without_cuda(capsys, monkeypatch):
-    import torch
-
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    with pytest.raises(SystemExit) as exit_info:
-        gpu_correctness.main([])
-    assert exit_info.value.code == 0 and "no CUDA" in capsys.readouterr().out
-
-
-def test_compile_benchmark_rows_on_cpu(tmp_path, monkeypatch):
-    """Every variant runs a pre-training step (the fine-tuning step is the same code with another
-    head); the compiled ones compile with aot_eager: the trace without inductor's code generation."""
-    monkeypatch.setattr(common, "RESULTS_DIR", tmp_path)
-    payload = compile_speed.main(["--presets", "tiny", "--device", "cpu", "--batch", "2", "--steps", "1",
-                                  "--repeats", "1", "--backend", "aot_eager", "--vocab_size", "1200",
-                                  "--jobs", "pretrain"])
-    rows = {(r["job"], r["variant"]): r for r in payload["rows"]}
-    variants = {"ours unpad", "ours pad", "ours + compile", "stock", "stock + compile"}
-    assert set(rows) == {("pretrain", v) for v in variants}
-    assert all(r["steps_per_s"] > 0 and r["attention"] for r in rows.values())
-    assert rows["pretrain", "stock"]["vs_stock_eager"] == pytest.approx(1.0)
-    assert (tmp_path / "compile_speed.json").is_file()
+    for argv, message in ((["--variants", "before"], "needs --before"),
+                          (["--variants", "eager"], "one precision a process")):  # fp32 and bf16 by default
+        with pytest.raises(SystemExit) as exit_info:
+            pretrain_step.parse_args(argv)
+        assert exit_info.value.code == 2 and message in capsys.readouterr().err
 
 
 def test_zipf_corpus_is_deterministic_nested_and_grows_its_vocabulary_as_heaps_law(tmp_path):

@@ -1,5 +1,5 @@
 """benchmarks/finetune_speed.py on a tiny RTE-like folder: both sides do the same examples in both
-precisions, the logits agree, stock pads more; and a clean skip when the data is absent."""
+precisions, the logits agree, stock pads more; and a clean skip when the data or the CUDA device is absent."""
 
 import random
 import sys
@@ -70,3 +70,10 @@ def test_missing_data_skips(tmp_path, capsys):
     assert exit_info.value.code == 0
     out = capsys.readouterr().out
     assert "skipped" in out and str(tmp_path / "nowhere") in out
+
+
+def test_cuda_skips_without_a_gpu(data, capsys, monkeypatch):
+    monkeypatch.setattr(finetune_speed.torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit) as exit_info:
+        finetune_speed.main(["--device", "cuda", "--data", str(data), "--tasks", "rte"])
+    assert exit_info.value.code == 0 and "no CUDA device" in capsys.readouterr().out

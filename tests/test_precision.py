@@ -298,7 +298,7 @@ def test_recipe_in_bf16_follows_the_fp32_loss_and_resumes_exactly(pretrain_setup
     """200 steps of the recipe in bf16 and in fp32 from the same seed (same weights, data and masks). Two
     training runs are chaotic: after a few dozen steps they drift apart and their later losses differ by
     chance (the seed decides more than the precision). So each check compares what chance does not move,
-    or uses a bound derived from the spread over seeds (benchmarks/bf16_seed_spread.py, RESULTS.md "bf16
+    or uses a bound derived from the spread over seeds (benchmarks/bf16_seed_spread.py at commit a320955, RESULTS.md "bf16
     on every CPU"), the same on CPUs with and without native bf16:
     - steps 1-10, before the runs part: every bf16 loss within 0.01 of fp32's (bf16's rounding alone;
       measured at most 0.0008 over 6 seeds on a CPU without native bf16);

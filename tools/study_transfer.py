@@ -1,9 +1,9 @@
 """An ablation study's pre-training on a GPU machine, fine-tuned here: the files in between.
 
-The device machine is lent for minutes, brings nothing from here but the working tree and a few carried folders,
+A GPU machine without network brings nothing from here but the working tree and a few carried folders,
 and sends back at most 8 files of 16 MiB. So the study's data go there as one archive of the raw files it reads,
 each variant is pre-trained there by `bert-suite ablation STUDY --until pretraining --variant NAME` (see
-benchmarks/gpu_study_pretraining.sh), and its models come back in bf16 with everything needed to check them:
+tools/gpu_study_pretraining.sh), and its models come back in bf16 with everything needed to check them:
 
   pack-data STUDY ARCHIVE          here: the raw files STUDY reads (corpus files, task folders), relative to
                                    BERT_SUITE_DATA, as ARCHIVE (tar.xz)

@@ -3,26 +3,25 @@
 # (docs/ablation.md, "Machines and workers"). Each variant runs as `bert-suite ablation STUDY --output_dir
 # WORK/FOLDER --until pretraining --variant NAME`, all at once (a tiny model's step leaves the GPU mostly idle), in one folder per data setting
 # (variants with other data build theirs side by side); a biphasic variant waits for its left-to-right twin's
-# checkpoint at the switch and starts there. benchmarks/study_transfer.py collect then writes
+# checkpoint at the switch and starts there. tools/study_transfer.py collect then writes
 # $OUT/records.tar.gz (summary.json, the records, this script's log) and $OUT/models-K.tar.gz (the models in
 # bf16); here, `study_transfer.py install` puts them into the study's folder.
 #
 # Here, first (the study's raw data as one archive, and the wheels):
-#   make gpu-bundle && BERT_SUITE_DATA=../shared/data .venv/bin/python benchmarks/study_transfer.py pack-data \
+#   make gpu-bundle && BERT_SUITE_DATA=../shared/data .venv/bin/python tools/study_transfer.py pack-data \
 #       recipes/ablations/corpus.yaml .gpu-bundle/study-data.tar.xz
-# There (the run tool with carry [".gpu-bundle"]):
-#   bash benchmarks/gpu_study_pretraining.sh --study recipes/ablations/corpus.yaml --budget 480
+# There (on the GPU machine, with .gpu-bundle/ beside the tree):
+#   bash tools/gpu_study_pretraining.sh --study recipes/ablations/corpus.yaml --budget 480
 # Here, after (the files under DIR), then the study as usual:
-#   .venv/bin/python benchmarks/study_transfer.py install recipes/ablations/corpus.yaml runs/corpus DIR
-# A dry run on the CPU, every part at toy size: PYTHON=.venv/bin/python bash benchmarks/gpu_study_pretraining.sh \
+#   .venv/bin/python tools/study_transfer.py install recipes/ablations/corpus.yaml runs/corpus DIR
+# A dry run on the CPU, every part at toy size: PYTHON=.venv/bin/python bash tools/gpu_study_pretraining.sh \
 #   --study recipes/ablations/corpus.yaml --steps 20 --variants general --out /tmp/gsp-out --work /tmp/gsp
 # Options: --study FILE, --variants "A B" (default: every pre-trained variant), --steps N (a copy of the study with
 # N steps and no snapshots: dry runs), --budget SECONDS (480: the runs are stopped then and what finished is
-# collected), --work DIR (/tmp/bert-suite-study, emptied first), --out DIR ($OUT), --bundle DIR (.gpu-bundle),
-# --wrap (always use gpu_env.sh's interpreter wrapper).
+# collected), --work DIR (/tmp/bert-suite-study, emptied first), --out DIR ($OUT), --bundle DIR (.gpu-bundle).
 set -uo pipefail
 
-BUNDLE=.gpu-bundle OUTDIR=${OUT:-runs/gpu-study} WORK=/tmp/bert-suite-study WRAP=0 STUDY="" VARIANTS="" STEPS="" BUDGET=480
+BUNDLE=.gpu-bundle OUTDIR=${OUT:-runs/gpu-study} WORK=/tmp/bert-suite-study STUDY="" VARIANTS="" STEPS="" BUDGET=480
 while [ $# -gt 0 ]; do
     case "$1" in
         --study) STUDY=$2; shift 2 ;;
@@ -32,7 +31,6 @@ while [ $# -gt 0 ]; do
         --work) WORK=$2; shift 2 ;;
         --out) OUTDIR=$2; shift 2 ;;
         --bundle) BUNDLE=$2; shift 2 ;;
-        --wrap) WRAP=1; shift ;;
         -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
         *) echo "gpu_study_pretraining: unknown option $1" >&2; exit 2 ;;
     esac
@@ -50,14 +48,14 @@ LOG=$WORK/run.log  # into records.tar.gz: the files that come back are few
 say() { echo "[study +$(($(date +%s) - T0))s] $*" | tee -a "$LOG"; }
 export PYTHONPATH="$TREE/src${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 \
     HF_EVALUATE_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
-. "$(dirname "$0")/gpu_env.sh"  # PY, BIN: the interpreter with the wheels, accelerate and bert-suite
+. "$(dirname "$0")/gpu_env.sh"  # PY: the interpreter with the wheels
 
 if [ -f "$BUNDLE/study-data.tar.xz" ]; then
     mkdir -p "$WORK/data" && tar xJf "$BUNDLE/study-data.tar.xz" -C "$WORK/data" && export BERT_SUITE_DATA=$WORK/data
     say "data: $BUNDLE/study-data.tar.xz unpacked into $BERT_SUITE_DATA"
 fi
 if [ -n "$STEPS" ]; then  # a dry run: the study with fewer steps, its base and paths as the original's
-    "$BIN/python3" - "$STUDY" "$WORK/study.yaml" "$STEPS" << 'EOF'
+    "$PY" - "$STUDY" "$WORK/study.yaml" "$STEPS" << 'EOF'
 import sys, yaml
 from pathlib import Path
 source, target, steps = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
@@ -73,7 +71,7 @@ EOF
     sed -i "s#\.\./\.\./\.\./shared/data#${BERT_SUITE_DATA:-$TREE/../shared/data}#g" "$STUDY"
 fi
 # the variants, and the folder each runs in: variants with the same data share one (built once, under its lock)
-VARIANTS=$("$BIN/python3" "$TREE/benchmarks/study_transfer.py" folders "$STUDY" "$WORK/folders.json" $VARIANTS) ||
+VARIANTS=$("$PY" "$TREE/tools/study_transfer.py" folders "$STUDY" "$WORK/folders.json" $VARIANTS) ||
     { say "FAILED: the study or --variants"; exit 2; }
 say "study $STUDY; variants: $VARIANTS; budget ${BUDGET}s"
 command -v nvidia-smi > /dev/null && nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee -a "$LOG"
@@ -81,13 +79,13 @@ command -v nvidia-smi > /dev/null && nvidia-smi --query-gpu=name,memory.total --
 declare -A PIDS WAIT
 launch() {  # launch NAME: its `--variant` run, in the folder of its data
     local FOLDER
-    FOLDER=$("$BIN/python3" -c "import json, sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])" "$WORK/folders.json" "$1")
-    ( "$BIN/bert-suite" ablation "$STUDY" --output_dir "$WORK/$FOLDER" --until pretraining --variant "$1" \
+    FOLDER=$("$PY" -c "import json, sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])" "$WORK/folders.json" "$1")
+    ( "$PY" -m bert_suite ablation "$STUDY" --output_dir "$WORK/$FOLDER" --until pretraining --variant "$1" \
         > "$WORK/$1.log" 2>&1; echo $? > "$WORK/$1.exit" ) &
     PIDS[$1]=$!
 }
 for NAME in $VARIANTS; do  # a variant that starts from another's checkpoint waits for it (waits.json)
-    WAIT[$NAME]=$("$BIN/python3" -c "import json, sys; print(json.load(open(sys.argv[1])).get(sys.argv[2], ''))" \
+    WAIT[$NAME]=$("$PY" -c "import json, sys; print(json.load(open(sys.argv[1])).get(sys.argv[2], ''))" \
         "$WORK/waits.json" "$NAME")
     if [ -z "${WAIT[$NAME]}" ]; then launch "$NAME"; else say "$NAME waits for $WORK/${WAIT[$NAME]}"; fi
 done
@@ -116,5 +114,5 @@ wait
 for NAME in $VARIANTS; do
     say "$NAME: exit $(cat "$WORK/$NAME.exit" 2> /dev/null || echo '?'); $(tail -n 1 "$WORK/$NAME.log" | tr '\r' '\n' | tail -n 1 | cut -c1-200)"
 done
-"$BIN/python3" "$TREE/benchmarks/study_transfer.py" collect "$STUDY" "$WORK" "$OUTDIR" --variants $VARIANTS 2>&1 | tee -a "$LOG"
+"$PY" "$TREE/tools/study_transfer.py" collect "$STUDY" "$WORK" "$OUTDIR" --variants $VARIANTS 2>&1 | tee -a "$LOG"
 say "done; files: $(cd "$OUTDIR" && ls | tr '\n' ' ')"

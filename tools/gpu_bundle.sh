@@ -5,7 +5,8 @@
 # `make gpu-check` (benchmarks/gpu_check.sh), made here where pip works:
 #   wheels/   what such a machine lacks (seen: python 3.12, torch, accelerate, tokenizers, safetensors,
 #             pyarrow, scikit-learn present; datasets, evaluate, seqeval, dill, multiprocess, optuna absent;
-#             transformers older than constraints.txt's pin), pinned as constraints.txt and .venv have them
+#             transformers older than constraints.txt's pin), and pytest, pinned as constraints.txt and .venv
+#             have them
 #   project/  bert_suite as a wheel (for a machine that runs it outside this tree)
 #   data/     the few real files the checks read: the released uncased vocabulary, GLUE RTE train/dev,
 #             a corpus.txt of about 2 MB cut from the Brown Corpus (whole texts) for the recipe check
@@ -34,8 +35,9 @@ mkdir -p "$OUT/wheels" "$OUT/project" "$OUT/data/vocab/bert-base-uncased" "$OUT/
 
 specs=()
 # tokenizers: the machine's (0.23.2 seen) is older than the pin, and a vocabulary a study learns there must be
-# the one it learns here
-for name in transformers tokenizers datasets evaluate optuna dill multiprocess alembic colorlog SQLAlchemy Mako; do
+# the one it learns here; pytest and its dependencies: gpu_check.sh's correctness and recipe steps are tests/test_gpu.py
+for name in transformers tokenizers datasets evaluate optuna dill multiprocess alembic colorlog SQLAlchemy Mako \
+    pytest pluggy iniconfig Pygments; do
     spec=$(pinned "$name")
     [ -n "$spec" ] || { echo "gpu-bundle: no version of $name in constraints.txt or .venv" >&2; exit 2; }
     specs+=("$spec")
@@ -56,7 +58,7 @@ awk 'BEGIN {size = 0} {print; size += length($0) + 1} /^$/ && size > 2000000 {ex
 for name in modeling_bert_suite.py configuration_bert_suite.py; do
     git show "$BEFORE:src/bert_suite/$name" > "$OUT/before/bert_suite_before/$name"
 done
-echo "\"\"\"bert_suite's modeling files at $BEFORE (benchmarks/gpu_pretrain_step.py --before).\"\"\"" \
+echo "\"\"\"bert_suite's modeling files at $BEFORE (benchmarks/pretrain_step.py --before).\"\"\"" \
     > "$OUT/before/bert_suite_before/__init__.py"
 
 size=$(du -sm "$OUT" | cut -f1)
