@@ -14,6 +14,10 @@ os.environ.setdefault("HF_HOME", tempfile.mkdtemp(prefix="bert_suite_hf_home_"))
 # one without, so the suite pins fp32 (subprocesses inherit it); tests/test_precision.py tests auto itself
 # (both kinds of CPU) and runs bf16 explicitly. BERT_SUITE_PRECISION=bf16 make test runs everything in bf16.
 os.environ.setdefault("BERT_SUITE_PRECISION", "fp32")
+# `make test` runs two workers (pytest-xdist), each on one core: one thread each, and so the processes they start
+XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+if XDIST_WORKER:
+    os.environ["OMP_NUM_THREADS"] = "1"
 
 import socket  # noqa: E402
 import sys  # noqa: E402
@@ -25,10 +29,20 @@ from huggingface_hub import constants  # noqa: E402
 from bert_suite import hub  # noqa: E402
 from helpers import FakeApi, write_pretrain_setup  # noqa: E402
 
-torch.set_num_threads(min(2, torch.get_num_threads()))
+torch.set_num_threads(1 if XDIST_WORKER else min(2, torch.get_num_threads()))
 
-# Figures that tests report (name -> value); printed at the end of the run.
+# Figures that tests report (name -> value); printed at the end of the run (a worker's go to the controller).
 REPORTED: dict[str, str] = {}
+
+
+def pytest_sessionfinish(session):
+    if XDIST_WORKER and hasattr(session.config, "workeroutput"):
+        session.config.workeroutput["bert_suite_figures"] = dict(REPORTED)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    REPORTED.update(getattr(node, "workeroutput", {}).get("bert_suite_figures", {}))
 
 
 def pytest_terminal_summary(terminalreporter):
