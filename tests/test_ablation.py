@@ -469,7 +469,22 @@ def test_the_file_is_read_as_written_with_paths_relative_to_it(data, tmp_path, m
 
 
 # payoff plans its steps from calibration runs; table6 and table8 (3 and 6 pre-trainings, 55 and 80 s) are slow
-@pytest.mark.parametrize("name, tasks", [("payoff", (0, 4)), pytest.param("table6", (0, 1), marks=pytest.mark.slow),
+@pytest.mark.parametrize("name", ["table5", "table6", "table8", "payoff", "corpus"])
+def test_each_shipped_study_file_reads_at_smoke_size_with_its_variants_seeds_and_questions(shared, tmp_path, name):
+    """make test's check of the shipped files (each runs end to end in make test-all): read at smoke size, every
+    key checked, the variants pre-trained or fine-tuned as the file says, each question naming two of them."""
+    raw = yaml.safe_load((SHIPPED / f"{name}.yaml").read_text())
+    study = load_study(smoke_study(SHIPPED / f"{name}.yaml", tmp_path, tasks=(0,)))
+    assert list(study.variants) == list(raw["variants"])
+    assert study.pretrained == [n for n, v in raw["variants"].items() if "from" not in (v or {})]
+    assert [(c.first, c.second) for c in study.contrasts] == [(c["first"], c["second"]) for c in raw.get("contrasts", [])]
+    shipped = raw["pretraining"].get("seeds") or [raw["pretraining"].get("seed", 42)]
+    assert study.seeds_of(study.pretrained[0]) == shipped[:2]  # smoke size keeps two of the seeds
+    assert len(study.runs()) == len(study.pretrained) * len(shipped[:2])
+
+
+@pytest.mark.parametrize("name, tasks", [pytest.param("payoff", (0, 4), marks=pytest.mark.slow),
+                                         pytest.param("table6", (0, 1), marks=pytest.mark.slow),
                                          pytest.param("table8", (0, 5), marks=pytest.mark.slow),
                                          pytest.param("corpus", (2,), marks=pytest.mark.slow)])
 def test_each_shipped_study_runs_end_to_end_at_smoke_size(shared, tmp_path, report, name, tasks):
@@ -719,7 +734,9 @@ def complete_trials(folder: Path) -> int:
         return db.execute("select count(*) from trials where state = 'COMPLETE'").fetchone()[0]
 
 
-@pytest.mark.parametrize("then", ["stop", pytest.param("finish", marks=pytest.mark.slow)])
+# make test keeps the choice of the early grids at unit level (test_early_grids_are_the_ones_...) and the waiting
+# for a held run (test_a_variant_run_trains_its_free_runs_first_...); the processes themselves: make test-all
+@pytest.mark.parametrize("then", [pytest.param("stop", marks=pytest.mark.slow), pytest.param("finish", marks=pytest.mark.slow)])
 def test_a_study_fine_tunes_what_is_ready_while_another_process_pre_trains_a_variant(data, tmp_path, then):
     """A plain run beside another process that pre-trains a variant (its lock held here) trains the variant
     nobody trains and fine-tunes it meanwhile (compare's grid and its curve snapshot), then waits. Stopped
