@@ -9,13 +9,6 @@ BIN        := $(VENV)/bin
 STAMP      := $(VENV)/.bert_suite_installed
 OFFLINE    := HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 HF_EVALUATE_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 PYTEST_ARGS ?=
-define WARM_IMPORTS
-import torch, transformers, datasets, evaluate, optuna, sklearn.metrics, scipy.stats, matplotlib.pyplot, accelerate
-import peft, onnx, onnxruntime, sentence_transformers, dask.distributed, psycopg, seqeval.metrics, sqlalchemy
-from transformers import AutoModel, AutoModelForSequenceClassification, BertForPreTraining, Trainer, TrainingArguments
-import bert_suite.cli, bert_suite.compare, bert_suite.grid, bert_suite.runner, bert_suite.modeling_bert_suite
-endef
-export WARM_IMPORTS
 
 .PHONY: help install test test-all test-gpu lint clean
 
@@ -26,13 +19,13 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
 $(STAMP): pyproject.toml constraints.txt | $(BIN)/python
-	@# --no-compile: byte-compiling every module of torch and the rest took about half the install (40 of torch's 55 s,
-	@# about 85 of the rest's 190 on 2 cores); Python compiles what it imports, once, on first use
+	@# --no-compile: pip byte-compiles every module one by one, about half the install (40 of torch's 55 s,
+	@# about 85 of the rest's 190 on 2 cores)...
 	$(BIN)/python -m pip install --quiet --no-compile $(TORCH_INDEX) "$(TORCH_SPEC)"
 	$(BIN)/python -m pip install --quiet --no-compile -c constraints.txt -e ".[dev,postgres,onnx,dashboard,cluster]"
-	@# ...so import what the tests and commands use once here, in one process: the first `make test` on a fresh
-	@# .venv otherwise compiled it in its workers and their children at once (386 s warm, 508 s cold)
-	$(BIN)/python -c "$$WARM_IMPORTS"
+	@# ...and compile everything here on every core: a fresh .venv's first `make test` otherwise compiled in its
+	@# workers and their children at once (468 s against 386 s); pip's serial compile took 125 s, this about 30
+	$(BIN)/python -m compileall -q -j 0 $$($(BIN)/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])") >/dev/null
 	@# the dashboard's browser test drives Debian's chromium (playwright cannot download its own browser here)
 	@command -v chromium >/dev/null 2>&1 || { if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 		echo "installing Debian's chromium for the browser test"; \

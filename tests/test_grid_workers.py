@@ -63,9 +63,10 @@ def alone(data, tmp_path_factory) -> Path:
     return out / "run"
 
 
-# Three workers on SQLite: make test-all (20 s); make test shares SQLite among workers in the killed-worker test
-# below and runs this one on PostgreSQL.
-@pytest.fixture(params=[pytest.param("sqlite", marks=pytest.mark.slow), "postgresql"])
+# Three workers on SQLite and on PostgreSQL: make test-all (20 s and 35 s); make test shares SQLite among workers in
+# the killed-worker test below (each point once, every report the single worker's) and tests PostgreSQL's storage,
+# the first start of several processes included, in tests/test_postgres_storage.py.
+@pytest.fixture(params=[pytest.param("sqlite", marks=pytest.mark.slow), pytest.param("postgresql", marks=pytest.mark.slow)])
 def storage(request, tmp_path):
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'shared.db'}"
