@@ -54,6 +54,15 @@ def compare_args(setup, out, *extra):
             "--output_dir", str(out), "--disable_tqdm", "true", *extra]
 
 
+def rte_args(setup, out, *models):
+    """compare_args on the pair task alone, with these --model values (all of compare_args' by default)."""
+    args = compare_args(setup, out)
+    args[args.index("--task") + 1: args.index("--task") + 3] = ["rte"]
+    if models:
+        args[1:5] = [flag for model in models for flag in ("--model", model)]
+    return args
+
+
 @pytest.fixture(scope="module")
 def compared(setup):
     out = setup / "out"
@@ -116,8 +125,7 @@ def test_a_kill_mid_grid_resumes_to_the_same_compare_json(setup, compared, tmp_p
     """On the pair task alone (its two grids; SQuAD-small's would double the time): killed in the second grid and
     rerun, the comparison is the uninterrupted run's, number for number."""
     out = tmp_path / "killed"
-    args = compare_args(setup, out)
-    args[args.index("--task") + 1: args.index("--task") + 3] = ["rte"]
+    args = rte_args(setup, out)
     env = {**os.environ, faults.ENV: "grid.trial_told:3", "HF_HUB_OFFLINE": "1"}
     killed = subprocess.run([sys.executable, "-m", "bert_suite.cli", *args], env=env, cwd=REPO,
                             capture_output=True, text=True, timeout=600)
@@ -142,9 +150,7 @@ def test_a_random_twin_with_the_same_config_and_vocabulary_is_one_model_and_gets
     copy = tmp_path / "copy"
     shutil.copytree(model, copy)
     out = tmp_path / "out"
-    args = compare_args(setup, out)
-    args[args.index("--task") + 1: args.index("--task") + 3] = ["rte"]
-    args[1:5] = ["--model", f"random=random:{model}", "--model", f"twin=random:{copy}"]
+    args = rte_args(setup, out, f"random=random:{model}", f"twin=random:{copy}")
     assert cli_main(args) == 0
     result = json.loads((out / "compare.json").read_text())
     assert result["models"]["twin"]["same_as"] == "random" and "same_as" not in result["models"]["random"]
@@ -228,9 +234,7 @@ def test_several_pre_trainings_a_model_pair_by_position_and_a_random_twin_draws_
     load_recipe().main(recipe_args(setup, second, "max_steps=12", "save_steps=1000", "seed=7"))
     first = setup / "pretrain" / "final"
     out = tmp_path / "out"
-    args = compare_args(setup, out)
-    args[args.index("--task") + 1: args.index("--task") + 3] = ["rte"]
-    args[1:5] = ["--model", f"pre={first},{second / 'final'}", "--model", f"random=random:{first},random:{second / 'final'}"]
+    args = rte_args(setup, out, f"pre={first},{second / 'final'}", f"random=random:{first},random:{second / 'final'}")
     assert cli_main(args) == 0
     result = json.loads((out / "compare.json").read_text())
     assert result["models"]["pre"]["checkpoints"] == [str(first), str(second / "final")]

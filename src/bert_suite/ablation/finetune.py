@@ -209,9 +209,9 @@ def early_grids(study: Study, out: Path, runs: dict[str, Path], steps: int, data
     ready = ready_runs(study, runs, steps)
     tasks, spaces = tuned_tasks(study, data_dirs)
     models = models_of(study, runs, ready)
-    every = checkpoints_of(study)
-    order = [label for label, name, *_ in sorted(every, key=lambda c: c[1] != study.compare.baseline)]  # compare's
-    fresh = [label for label in order if study.variants[next(n for lb, n, *_ in every if lb == label)].random_init]
+    variant_of = {label: name for label, name, *_ in checkpoints_of(study)}
+    order = sorted(variant_of, key=lambda label: variant_of[label] != study.compare.baseline)  # compare's order
+    fresh = [label for label in order if study.variants[variant_of[label]].random_init]
     twins = same_models(models, study.compare.baseline)
     todo = [name for name in models if name not in twins
             and (name not in fresh or all(n in models for n in fresh[:fresh.index(name)]))]

@@ -157,9 +157,9 @@ class Study:
     def seeds_of(self, name: str) -> list[int]:
         """The pre-training seeds of a variant (a fine-tuning-only one: its source's): its own `seeds`, the
         study's, or the one `seed` of the recipe (42 where none is given)."""
-        source = self.variants[name].source or name
         from ..pretraining.config import PretrainConfig
 
+        source = self.variants[name].source or name
         return self.variants[source].seeds or self.pretraining.seeds or [
             int(self.recipe_of(source).get("seed", PretrainConfig.seed))]
 
@@ -167,11 +167,10 @@ class Study:
         """The pre-trainings of the pre-trained variants (or of `names`; of `seeds` alone where given), seed by
         seed: every variant's first seed, then every variant's second, ... (a whole table at each seed as soon
         as it can be)."""
-        chosen = [n for n in self.pretrained if names is None or n in names]
-        rows = max((len(self.seeds_of(n)) for n in chosen), default=0)
-        return [Run(name, self.seeds_of(name)[k], run_name(name, self.seeds_of(name), self.seeds_of(name)[k]))
-                for k in range(rows) for name in chosen
-                if k < len(self.seeds_of(name)) and (seeds is None or self.seeds_of(name)[k] in seeds)]
+        chosen = {n: self.seeds_of(n) for n in self.pretrained if names is None or n in names}
+        rows = max(map(len, chosen.values()), default=0)
+        return [Run(name, own[k], run_name(name, own, own[k])) for k in range(rows) for name, own in chosen.items()
+                if k < len(own) and (seeds is None or own[k] in seeds)]
 
     def data_of(self, name: str) -> tuple[Corpus, Vocabulary, Instances]:
         """The corpus, vocabulary and instances a variant pre-trains on (a fine-tuning-only one: its source's)."""
