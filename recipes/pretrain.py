@@ -56,6 +56,7 @@ from bert_suite.pretraining.config import load_pretrain_config
 from bert_suite.pretraining.instances import find_parts, load_parts
 from bert_suite.pretraining.loader import (  # noqa: F401  (StepBatches: the tests reach it through the recipe)
     COLUMNS,
+    IdsTable,
     StepBatches,
     as_features,
     batches,
@@ -63,7 +64,7 @@ from bert_suite.pretraining.loader import (  # noqa: F401  (StepBatches: the tes
     static_length,
     step_masks,
 )
-from bert_suite.pretraining.masking import MaskingCollator
+from bert_suite.pretraining.masking import MaskingCollator, StepMasker
 from bert_suite.pretraining.step import (
     PretrainingStep,
     add_stats,
@@ -71,6 +72,7 @@ from bert_suite.pretraining.step import (
     compile_regions,
     compiled_stats,
     keep_autocast_outputs,
+    resolve_switch,
     step_form,
     to_device,
 )
@@ -266,6 +268,28 @@ def main(argv=None):
     def static_form(data, collator, causal):
         return (static_length(data), None if causal else collator.max_predictions_per_seq) if static else None
 
+    # masks made inside the step from token ids (auto: with CUDA), except where the loader must make them
+    in_step = resolve_switch(cfg.mask_in_step, device)
+    if in_step and cfg.whole_word_mask:
+        accelerator.print("mask_in_step: whole-word masks rank words in a Python loop; they are made in the loader")
+        in_step = False
+    offline = [i + 1 for i, data in enumerate(phase_data) if "labels" in data.column_names]
+    if in_step and offline and cfg.mask_in_step is True:
+        accelerator.print(f"mask_in_step: phase {offline[0]}'s data carry their masks (pretrain-data --static_masking); "
+                          "its batches are read as they are")
+    tables: dict[int, IdsTable] = {}
+
+    def ids_of(phase):
+        """The phase's IdsTable when the step masks its batches, else None."""
+        if not in_step or phase + 1 in offline:
+            return None
+        if phase not in tables:
+            try:
+                tables[phase] = IdsTable(phase_data[phase], tokenizer.pad_token_id)
+            except ValueError as err:
+                raise SystemExit(f"pretrain: error: {('train_data', 'train_data_phase2')[phase]}: {err}") from None
+        return tables[phase]
+
     forms = [static_form(data, c, False) for data, c in zip(phase_data, collators, strict=False)]
     if static and not cfg.causal_attention:  # masks made offline (a labels column) must fit the static form
         for (path, key), data, (_, cap) in zip((("train_data", "max_predictions_per_seq"),
@@ -328,12 +352,13 @@ def main(argv=None):
                                                       for k, v in vars(cfg).items() if k != "extra"})
 
     accelerator.print(precision.describe())
-    form = ", ".join(n for n, on in (("static", static), ("compiled", compiled), ("CUDA graph", graph)) if on)
+    form = ", ".join(n for n, on in (("static", static), ("compiled", compiled), ("CUDA graph", graph),
+                                     ("masks made in the step", in_step)) if on)
     accelerator.print(f"world size {accelerator.num_processes} ({accelerator.distributed_type.value}, "
                       f"{accelerator.device.type}): global batch {accelerator.num_processes} x "
                       f"{cfg.gradient_accumulation_steps} x {cfg.per_device_train_batch_size}; step: {form or 'eager'}")
     bar = tqdm(total=cfg.max_steps, initial=step, desc="pre-training", disable=not accelerator.is_local_main_process)
-    history, tokens, started = [], 0, time.time()
+    history, tokens, padded, started = [], 0, 0, time.time()
     phase, causal, stream = None, None, None
     model.train()
     while step < cfg.max_steps:
@@ -345,14 +370,16 @@ def main(argv=None):
                 (cfg.per_device_train_batch_size_phase2 or cfg.per_device_train_batch_size)
             start = step if phase == 0 else step - cfg.phase1_steps
             form = static_form(phase_data[phase], collators[phase], causal)
+            ids = ids_of(phase)
             stream = batches(phase_data[phase], collators[phase], cfg, phase, start, accelerator, size, form,
-                             workers, causal)
-            stepper.new_shapes()
+                             workers, causal, ids)
+            stepper.new_shapes(None if ids is None else StepMasker(collators[phase], cfg.seed, form is not None,
+                                                                   form[1] if form else None, causal))
         micro_batches, masked = [], 0
         for _ in range(cfg.gradient_accumulation_steps):
-            batch, (n_masked, n_real) = next(stream)  # counted on the CPU: reading them on the device would wait
+            batch, (n_masked, n_real, n_padded) = next(stream)  # counted on the CPU: a device read would wait
             micro_batches.append(batch)
-            masked, tokens = masked + n_masked, tokens + n_real
+            masked, tokens, padded = masked + n_masked, tokens + n_real, padded + n_padded
         # MLM loss = summed cross-entropy / the masked tokens of the whole global batch. accelerate divides
         # each micro-batch's loss by the accumulation steps and DDP averages over processes, so the model is
         # given the global count divided by both (transformers' num_items_in_batch is the count itself,
@@ -368,14 +395,17 @@ def main(argv=None):
         # a log line at every logging step and at every evaluation (eval_steps need not be a multiple of logging_steps)
         evaluate_now = eval_data is not None and (step % cfg.eval_steps == 0 or step == cfg.max_steps)
         if step % cfg.logging_steps == 0 or step == cfg.max_steps or evaluate_now:
-            totals = all_processes({**stepper.take_totals(), "tokens": torch.tensor(float(tokens))}, accelerator)
-            tokens = totals.pop("tokens")
+            totals = all_processes({**stepper.take_totals(), "tokens": torch.tensor(float(tokens)),
+                                    "padded": torch.tensor(float(padded))}, accelerator)
+            tokens, padded = totals.pop("tokens"), totals.pop("padded")
             summary, grad_norm = summarise(totals), float(stepper.grad_norm)
             elapsed = time.time() - started  # after those reads, which wait for the device (it may lag the host)
             logs = {**summary, "grad_norm": grad_norm, "learning_rate": float(scheduler.get_last_lr()[0]),
                     "phase": phase + 1, "objective": cfg.objective_at(step - 1),
-                    "tokens_per_second": float(tokens) / max(elapsed, 1e-9), "step": step}
-            tokens, started = 0, time.time()
+                    # real tokens (padding left out) and the padded slots the step computes
+                    "tokens_per_second": float(tokens) / max(elapsed, 1e-9),
+                    "padded_tokens_per_second": float(padded) / max(elapsed, 1e-9), "step": step}
+            tokens, padded, started = 0, 0, time.time()
             if evaluate_now:
                 logs.update(evaluate(model, eval_data, collators[0], cfg, accelerator, stepper,
                                      static_form(eval_data, collators[0], causal), causal))
@@ -395,6 +425,7 @@ def main(argv=None):
     if accelerator.is_main_process:
         results = {"step": step, "config": vars(cfg), **precision.record(), **memory,
                    "step_form": {"static_shapes": static, "torch_compile": compiled, "cuda_graph": graph},
+                   "mask_in_step_phases": [phase + 1 for phase in sorted(tables)],
                    "objectives": cfg.objectives(),
                    **({"started_from": json.loads((out / "started_from.json").read_text())}
                       if (out / "started_from.json").is_file() else {}),

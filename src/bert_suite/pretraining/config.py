@@ -71,6 +71,10 @@ class PretrainConfig:
     torch_compile_backend: str = "inductor"  # any torch.compile backend (aot_eager: trace only, no codegen)
     # the whole step (micro-batches, clipping, AdamW) as one CUDA graph replayed each step; auto: on one GPU
     cuda_graph: bool | str = "auto"
+    # the 80/10/10 masks made inside the step from token ids (the loader ships ids, lengths, the first segment's
+    # length and the NSP label: one indexed read a batch), the same masks bit for bit; auto: on with CUDA.
+    # Whole-word masks and masks made offline (pretrain-data --static_masking) stay in the loader
+    mask_in_step: bool | str = "auto"
     # --- bookkeeping
     output_dir: str = "runs/pretrain"
     seed: int = 42
@@ -253,7 +257,7 @@ def validate(cfg: PretrainConfig, source: str) -> PretrainConfig:
     if isinstance(cfg.dataloader_num_workers, str) and cfg.dataloader_num_workers != "auto" \
             or isinstance(cfg.dataloader_num_workers, int) and cfg.dataloader_num_workers < 0:
         bad("dataloader_num_workers", "must be auto or a number of processes (0: the main process)")
-    for key in ("static_shapes", "torch_compile", "cuda_graph"):
+    for key in ("static_shapes", "torch_compile", "cuda_graph", "mask_in_step"):
         if isinstance(getattr(cfg, key), str) and getattr(cfg, key) != "auto":
             bad(key, "must be auto, true or false")
     for key in ("torch_compile", "cuda_graph"):

@@ -68,20 +68,128 @@ class Batches(torch.utils.data.Dataset):
         first = (part * self.world + self.rank) * len(indices)
         batch = step_masks(self.collator, batch, self.cfg.seed, self.first_step + step, first, self.causal)
         counts = int((batch["labels"] != -100).sum()), int(batch["attention_mask"].sum())
-        return (self.collator.static(batch, *self.form) if self.form else batch), counts
+        batch = self.collator.static(batch, *self.form) if self.form else batch
+        return batch, (*counts, batch["input_ids"].numel())
+
+
+class IdsTable:
+    """A phase's instances as fixed-width arrays, built once from the Arrow columns (vectorised, chunk by chunk):
+    token ids (instances, longest) padded with [PAD], lengths, the first segment's lengths (its [CLS] and [SEP]
+    included) and the NSP labels, so that a batch is one indexed read of each (`take`). A dataset with an
+    indices mapping (a split or a selection) is read through it. About 4 bytes a token slot in memory: at
+    Wikipedia's 128-token phase, a part of the data per process (`--num_shards`), or a memory-mapped file."""
+
+    def __init__(self, data, pad_id: int):
+        import numpy as np
+
+        table = data.data
+        self.length = static_length(data)
+        size = table.num_rows
+        self.ids = np.full((size, self.length), pad_id, dtype=np.int32)
+        self.lengths = np.zeros(size, dtype=np.int32)
+        self.first = np.zeros(size, dtype=np.int32)
+        self.nsp = np.zeros(size, dtype=np.int64)
+        row = 0
+        types = table.column("token_type_ids").chunks
+        labels = table.column("next_sentence_label").chunks
+        for ids, segments, nsp in zip(table.column("input_ids").chunks, types, labels, strict=True):
+            count = len(ids)
+            if count == 0:
+                continue
+            offsets = ids.offsets.to_numpy()
+            values = ids.values.to_numpy(zero_copy_only=False)
+            lengths = np.diff(offsets)
+            spans = offsets[:-1, None] + np.arange(self.length)
+            inside = np.arange(self.length) < lengths[:, None]
+            self.ids[row: row + count][inside] = values[spans[inside]]
+            second = np.concatenate([[0], np.cumsum(segments.values.to_numpy(zero_copy_only=False), dtype=np.int64)])
+            type_offsets = segments.offsets.to_numpy()
+            first = lengths - (second[type_offsets[1:]] - second[type_offsets[:-1]])
+            # the step rebuilds token_type_ids from the first segment's length: they must be [0] * A + [1] * B
+            types = segments.values.to_numpy(zero_copy_only=False)[(type_offsets[:-1, None] + np.arange(self.length))
+                                                                     .clip(max=max(len(segments.values) - 1, 0))]
+            wrong = ((types != (np.arange(self.length) >= first[:, None])) & inside).any(1) \
+                | (np.diff(type_offsets) != lengths)
+            if wrong.any():
+                raise ValueError(f"instance {row + int(wrong.argmax())}: token_type_ids are not 0 for the first segment "
+                                 "and 1 for the second (the layout of `bert-suite pretrain-data`); masks for such "
+                                 "data are made in the loader (mask_in_step=false)")
+            self.first[row: row + count] = first
+            self.lengths[row: row + count] = lengths
+            self.nsp[row: row + count] = nsp.to_numpy(zero_copy_only=False)
+            row += count
+        mapping = getattr(data, "_indices", None)
+        self.rows = mapping.column(0).to_numpy() if mapping is not None else None
+
+    def take(self, indices) -> dict:
+        """The rows `indices` of the dataset (its own numbering): numpy arrays, one indexed read each."""
+        import numpy as np
+
+        rows = np.asarray(indices) if self.rows is None else self.rows[np.asarray(indices)]
+        return {"input_ids": self.ids[rows], "lengths": self.lengths[rows], "first_lengths": self.first[rows],
+                "next_sentence_label": self.nsp[rows]}
+
+
+class IdsBatches(torch.utils.data.Dataset):
+    """The micro-batch of a (micro-step, indices) key for masks made in the step (`StepMasker`): the token ids
+    (padded to the phase's length, or for the eager CPU path to the batch's longest), the lengths (left out when
+    no row is padded in the static form), the first segment's lengths, the NSP labels, and the step and the first
+    row's place in the global batch; counted (the masked positions each row will have, a function of its length
+    and its special tokens, and the real and padded tokens) on the host, where the counts cost no device read."""
+
+    def __init__(self, table: IdsTable, collator, cfg, first_step: int, rank: int, world: int, static: bool,
+                 causal: bool = False):
+        import numpy as np
+
+        self.table, self.collator, self.cfg, self.first_step, self.rank, self.world = \
+            table, collator, cfg, first_step, rank, world
+        self.static, self.causal = static, causal
+        self.special = collator.special_ids.numpy()
+        self.np = np
+
+    def __getitem__(self, key):
+        np = self.np
+        micro, indices = key
+        step, part = divmod(micro, self.cfg.gradient_accumulation_steps)
+        rows = self.table.take(indices)
+        lengths = rows["lengths"]
+        width = self.table.length if self.static else int(lengths.max())
+        ids = rows["input_ids"][:, :width]
+        real = np.arange(width) < lengths[:, None]
+        if self.causal:
+            masked = int(np.minimum(lengths - 1, width - 1).clip(min=0).sum())
+        else:
+            candidates = (real & ~np.isin(ids, self.special)).sum(1)
+            count = np.clip(np.round(lengths * self.collator.mlm_probability), 1, None).astype(np.int64)
+            if self.collator.max_predictions_per_seq is not None:
+                count = np.minimum(count, self.collator.max_predictions_per_seq)
+            masked = int(np.minimum(count, candidates).sum())
+        batch = {"input_ids": torch.from_numpy(ids), "first_lengths": torch.from_numpy(rows["first_lengths"]),
+                 "next_sentence_label": torch.from_numpy(rows["next_sentence_label"]),
+                 "mask_step": torch.tensor(self.first_step + step),
+                 "mask_first": torch.tensor((part * self.world + self.rank) * len(indices))}
+        if not (self.static and bool(real.all())):
+            batch["lengths"] = torch.from_numpy(lengths)
+        return batch, (masked, int(lengths.sum()), ids.size)
 
 
 def _as_is(item):
     return item
 
 
-def batches(data, collator, cfg, phase, start, accelerator, batch_size, form, workers, causal=None):
-    """(batch, (masked, real tokens)) for each micro-step from phase step `start` on; `causal`: next-token
-    labels (default: cfg.causal_attention)."""
+def batches(data, collator, cfg, phase, start, accelerator, batch_size, form, workers, causal=None, ids=None):
+    """(batch, (masked, real, padded tokens)) for each micro-step from phase step `start` on; `causal`: next-token
+    labels (default: cfg.causal_attention); `ids`: the phase's `IdsTable`, whose batches the step masks
+    (`StepMasker`), instead of masked batches."""
+    causal = cfg.causal_attention if causal is None else causal
     sampler = StepBatches(len(data), batch_size, cfg.gradient_accumulation_steps, cfg.seed + 7919 * phase,
                           start, accelerator.process_index, accelerator.num_processes)
-    made = Batches(data, collator, cfg, 0 if phase == 0 else cfg.phase1_steps, accelerator.process_index,
-                   accelerator.num_processes, form, cfg.causal_attention if causal is None else causal)
+    first = 0 if phase == 0 else cfg.phase1_steps
+    if ids is not None:
+        made = IdsBatches(ids, collator, cfg, first, accelerator.process_index, accelerator.num_processes,
+                          form is not None, causal)
+    else:
+        made = Batches(data, collator, cfg, first, accelerator.process_index, accelerator.num_processes, form, causal)
     # Its own generator: creating an iterator must not draw from the global RNG (dropout's), or a
     # resumed run, which creates it at a different step, would see different dropout masks.
     loader = torch.utils.data.DataLoader(made, sampler=sampler, batch_size=None, collate_fn=_as_is,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 IGNORE_INDEX = -100
@@ -10,8 +12,8 @@ IGNORE_INDEX = -100
 _M32 = 0xFFFFFFFF
 
 
-def _hash32(x: torch.Tensor) -> torch.Tensor:
-    """A 32-bit integer mixer on int64 tensors holding values below 2**32. Both multipliers are below
+def _hash32(x):
+    """A 32-bit integer mixer on Python ints or int64 tensors holding values below 2**32. Both multipliers are below
     2**31, so no product overflows int64."""
     x = x & _M32
     x = x ^ (x >> 16)
@@ -21,19 +23,31 @@ def _hash32(x: torch.Tensor) -> torch.Tensor:
     return x ^ (x >> 15)
 
 
-def example_keys(seed: int, step: int, offsets: torch.Tensor) -> torch.Tensor:
+def example_keys(seed: int, step, offsets: torch.Tensor) -> torch.Tensor:
     """One key per example: a function of the run's seed, the step and the example's place in the
     step's global batch (all processes, all micro-batches). It does not depend on how that batch is
-    split, so 1 process with batch 2B and 2 processes with batch B draw the same masks."""
-    base = _hash32(_hash32(torch.tensor(seed & _M32)) ^ (step & _M32))
+    split, so 1 process with batch 2B and 2 processes with batch B draw the same masks. `step`: an int, or
+    a 0-d tensor on the offsets' device (a captured step reads it from a device buffer)."""
+    seeded = _hash32(seed & _M32)  # a Python int: the mixer runs on ints as on tensors
+    base = _hash32(seeded ^ (torch.as_tensor(step, device=offsets.device) & _M32))
     return _hash32(base ^ offsets.long())
+
+
+def keyed_bits(keys: torch.Tensor, length: int, draw: int) -> torch.Tensor:
+    """Integers in [0, 2**32), (len(keys), length), on the keys' device: `keyed_uniform`'s numbers times 2**32."""
+    row = _hash32(keys ^ (draw * 0x9E3779B1 & _M32))
+    return _hash32(row[:, None] ^ torch.arange(length, device=keys.device))
 
 
 def keyed_uniform(keys: torch.Tensor, length: int, draw: int) -> torch.Tensor:
     """Uniform [0, 1) numbers, (len(keys), length), each a function of (key, position, draw) only:
     the same for a row whatever its batch or padding."""
-    row = _hash32(keys ^ (draw * 0x9E3779B1 & _M32))
-    return _hash32(row[:, None] ^ torch.arange(length)).double() / 2.0**32
+    return keyed_bits(keys, length, draw).double() / 2.0**32
+
+
+def below(fraction: float) -> int:
+    """The integer threshold t with bits < t exactly when bits / 2**32 < fraction (bits an integer)."""
+    return math.ceil(fraction * 2.0**32)
 
 
 def _as_long(values) -> torch.Tensor:
@@ -234,3 +248,67 @@ def static_batch(batch: dict[str, torch.Tensor], seq_len: int, predictions: int 
     if "attention_mask" in out and bool(out["attention_mask"].all()):
         del out["attention_mask"]
     return out
+
+
+class StepMasker:
+    """The collator's keyed masks, made inside the step from what an ids-only loader ships (`ids_batch`): token
+    ids padded with [PAD], `lengths` (absent when no row is padded), `first_lengths` (the first segment's,
+    [CLS] and its [SEP] included), `next_sentence_label`, and the step and the first row's place in the step's
+    global batch as 0-d tensors (`mask_step`, `mask_first`). Every operation runs on the ids' device with
+    integers (the hashes compared with integer thresholds, the RANDOM pick a shift), reads no value on the host
+    and makes no shape from values, so it can be compiled and captured with the step; its batch equals, bit for
+    bit, `MaskingCollator.mask(keys=example_keys(...))` then `static_batch` (or the dynamic form with
+    `predictions` None and `static` False). `causal`: next-token labels instead (a left-to-right phase).
+    Whole-word masking ranks words in a Python loop: it stays in the loader (`mask_in_step` falls back)."""
+
+    def __init__(self, collator: MaskingCollator, seed: int, static: bool, predictions: int | None,
+                 causal: bool = False):
+        if collator.whole_word_mask and not causal:
+            raise ValueError("whole-word masking cannot be made inside the step; its masks are made in the loader")
+        self.collator, self.seed, self.static, self.predictions, self.causal = collator, seed, static, predictions, causal
+        self.mask_below = below(collator.mask_ratio)
+        self.random_below = below(collator.mask_ratio + collator.random_ratio)
+        self._on: dict = {}
+
+    def _tensors(self, device) -> tuple[torch.Tensor, torch.Tensor]:
+        """The special ids and the RANDOM pool on `device`, copied once (not inside a captured step)."""
+        if device not in self._on:
+            self._on[device] = (self.collator.special_ids.to(device), self.collator.random_pool.to(device))
+        return self._on[device]
+
+    def __call__(self, shipped: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        ids = shipped["input_ids"].long()
+        rows, length = ids.shape
+        device = ids.device
+        positions = torch.arange(length, device=device)
+        lengths = shipped.get("lengths")
+        real = positions < lengths[:, None] if lengths is not None else torch.ones_like(ids, dtype=torch.bool)
+        batch = {"input_ids": ids, "token_type_ids": ((positions >= shipped["first_lengths"][:, None]) & real).long()}
+        if lengths is not None or not self.static:  # the static form has no mask where no row is padded
+            batch["attention_mask"] = real.long()
+        if "next_sentence_label" in shipped:
+            batch["next_sentence_label"] = shipped["next_sentence_label"].long()
+        if self.causal:
+            labels = torch.full_like(ids, IGNORE_INDEX)
+            labels[:, :-1] = ids[:, 1:].masked_fill(~real[:, 1:], IGNORE_INDEX)
+            return {**batch, "labels": labels}
+        special, pool = self._tensors(device)
+        keys = example_keys(self.seed, shipped["mask_step"], shipped["mask_first"] + torch.arange(rows, device=device))
+        candidates = real & ~torch.isin(ids, special)
+        counts = self.collator._counts(real, candidates)
+        scores = keyed_bits(keys, length, 0).masked_fill(~candidates, -1)
+        order = scores.argsort(dim=1, descending=True, stable=True)
+        chosen = torch.zeros_like(candidates).scatter_(1, order, positions < counts[:, None])
+        kind = keyed_bits(keys, length, 1)
+        to_mask = chosen & (kind < self.mask_below)
+        to_random = chosen & (kind >= self.mask_below) & (kind < self.random_below)
+        picks = (keyed_bits(keys, length, 2) * len(pool)) >> 32  # floor(uniform * pool size), exactly
+        batch["input_ids"] = ids.masked_fill(to_mask, self.collator.mask_id).where(~to_random, pool[picks])
+        labels = ids.masked_fill(~chosen, IGNORE_INDEX)
+        if not self.static or self.predictions is None:
+            return {**batch, "labels": labels}
+        # static_batch's positions: the labelled ones first, in order, then position 0 with label -100
+        order = torch.argsort((~chosen).to(torch.int8), dim=1, stable=True)[:, :self.predictions]
+        order = torch.nn.functional.pad(order, (0, self.predictions - order.shape[1]))
+        used = torch.arange(self.predictions, device=device) < chosen.sum(1, keepdim=True)
+        return {**batch, "masked_positions": order.where(used, 0), "labels": labels.gather(1, order).where(used, IGNORE_INDEX)}

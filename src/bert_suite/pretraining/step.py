@@ -155,6 +155,9 @@ class PretrainingStep:
         self.accelerator, self.model, self.optimizer = accelerator, model, optimizer
         self.max_grad_norm, self.static, self.graph = max_grad_norm, static, graph
         self.stats_fn = stats_fn
+        # the batch the model takes, made from what the loader shipped (a `StepMasker`: masks made in the step),
+        # inside the compiled and captured step; None: the loader ships it whole
+        self.make_batch = None
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.totals: dict[str, torch.Tensor] = {}
         self.grad_norm = torch.tensor(float("nan"))
@@ -184,6 +187,7 @@ class PretrainingStep:
             return
         accelerator = self.accelerator
         for batch in micro_batches:
+            batch = self.make_batch(batch) if self.make_batch is not None else batch
             with accelerator.accumulate(self.model):
                 out = self.model(**batch, return_dict=True, num_items_in_batch=num_items, **self.forward_kwargs())
                 accelerator.backward(out.loss)
@@ -200,8 +204,10 @@ class PretrainingStep:
             value.zero_()
         return taken
 
-    def new_shapes(self) -> None:
-        """Forget the captured graphs (a new phase: other lengths); their memory goes back to the allocator."""
+    def new_shapes(self, make_batch=None) -> None:
+        """Forget the captured graphs (a new phase: other lengths); their memory goes back to the allocator.
+        `make_batch`: the new phase's batch maker (see `make_batch`)."""
+        self.make_batch = make_batch
         self.captured.clear()
         self.pool = None
 
@@ -269,7 +275,8 @@ class _Captured:
         # of a model without NSP): an eager step leaves them without a gradient, so the optimizer leaves them as
         # they are (no weight decay, no state); the graph keeps a zero gradient buffer for them and leaves them
         # out of its optimizer step alike
-        probe = owner.model(**self.inputs[0], return_dict=True, num_items_in_batch=self.num_items,
+        first = owner.make_batch(self.inputs[0]) if owner.make_batch is not None else self.inputs[0]
+        probe = owner.model(**first, return_dict=True, num_items_in_batch=self.num_items,
                             **owner.forward_kwargs())
         reached = torch.autograd.grad(probe.loss, owner.params, allow_unused=True)
         del probe
@@ -326,7 +333,8 @@ class _Captured:
         torch._foreach_zero_([p.grad for p in owner.params])
         parts = len(self.inputs)
         stats_sum: dict[str, torch.Tensor] = {}
-        for batch in self.inputs:
+        for shipped in self.inputs:
+            batch = owner.make_batch(shipped) if owner.make_batch is not None else shipped
             out = owner.model(**batch, return_dict=True, num_items_in_batch=self.num_items, **owner.forward_kwargs())
             (out.loss / parts).backward()  # as accelerate's backward divides by the micro-batches
             add_stats(stats_sum, owner.stats_fn(out, batch))

@@ -1,0 +1,158 @@
+"""Masks made inside the step (`mask_in_step`, issue 63): the ids-only loader (`IdsTable`, `IdsBatches`) and the
+step's masker (`StepMasker`) give the loader's masked batches bit for bit, in every form (static and dynamic,
+Table 8's mixes, caps, a left-to-right phase, a batch without padding, split data), read no tensor value on
+the host, and a recipe run with them logs the same losses as one without."""
+
+import json
+from types import SimpleNamespace
+
+import datasets
+import numpy as np
+import pytest
+import torch
+
+from bert_suite.pretraining.loader import Batches, IdsBatches, IdsTable
+from bert_suite.pretraining.masking import MaskingCollator, StepMasker
+from bert_suite.pretraining.step import no_host_sync
+from helpers import fresh_state, load_recipe, recipe_args
+
+VOCAB = 200
+PAD, UNK, CLS, SEP, MASK = 0, 1, 2, 3, 4
+
+
+class _Tokenizer:
+    pad_token_id, unk_token_id, cls_token_id, sep_token_id, mask_token_id = PAD, UNK, CLS, SEP, MASK
+    all_special_ids = [PAD, UNK, CLS, SEP, MASK]
+
+    def get_vocab(self):
+        return {f"t{i}": i for i in range(VOCAB)}
+
+
+def instances(count: int, longest: int, seed: int = 0, full: bool = False) -> datasets.Dataset:
+    """NSP-shaped rows ([CLS] A [SEP] B [SEP]) of random lengths up to `longest` (all `longest` with `full`), some
+    with [UNK] inside (a special token that is never masked), written as several Arrow chunks."""
+    rng = np.random.default_rng(seed)
+    parts = []
+    for chunk in range(3):
+        rows = {"input_ids": [], "token_type_ids": [], "next_sentence_label": []}
+        for _ in range(count // 3):
+            n = longest if full else int(rng.integers(6, longest + 1))
+            a = int(rng.integers(1, n - 3))
+            body = rng.integers(5, VOCAB, n - 3)
+            body[rng.random(n - 3) < 0.05] = UNK
+            rows["input_ids"].append([CLS, *body[:a].tolist(), SEP, *body[a:].tolist(), SEP])
+            rows["token_type_ids"].append([0] * (a + 2) + [1] * (n - a - 2))
+            rows["next_sentence_label"].append(int(rng.integers(0, 2)))
+        parts.append(datasets.Dataset.from_dict(rows))
+    return datasets.concatenate_datasets(parts)
+
+
+def same(made: dict, expected: dict) -> None:
+    assert sorted(made) == sorted(expected)
+    for key in expected:
+        assert made[key].dtype == expected[key].dtype, key
+        assert torch.equal(made[key], expected[key]), key
+
+
+def loaders(data, collator, static, causal=False, accumulation=2, world=2, rank=1, first_step=0, seed=7):
+    cfg = SimpleNamespace(gradient_accumulation_steps=accumulation, seed=seed)
+    form = (max(len(r) for r in data["input_ids"]), None if causal else collator.max_predictions_per_seq) \
+        if static else None
+    masked = Batches(data, collator, cfg, first_step, rank, world, form, causal)
+    shipped = IdsBatches(IdsTable(data, PAD), collator, cfg, first_step, rank, world, static, causal)
+    return masked, shipped, StepMasker(collator, seed, static, form[1] if form else None, causal)
+
+
+MIXES = [dict(), dict(mask_ratio=0.5, random_ratio=0.5), dict(mask_ratio=1.0, random_ratio=0.0),
+         dict(mask_ratio=0.0, random_ratio=0.0), dict(mlm_probability=0.4)]
+
+
+@pytest.mark.parametrize("static", [True, False])
+@pytest.mark.parametrize("mix", range(len(MIXES)))
+def test_the_steps_masks_are_the_loaders_bit_for_bit(static, mix):
+    data = instances(60, 40)
+    collator = MaskingCollator(_Tokenizer(), max_predictions_per_seq=6, **MIXES[mix])
+    masked, shipped, masker = loaders(data, collator, static)
+    for micro, rows in ((0, [0, 5, 17, 33]), (3, [59, 1, 2, 40]), (11, [20, 21, 22, 58])):
+        expected, counts = masked[micro, rows]
+        ids, shipped_counts = shipped[micro, rows]
+        assert "labels" not in ids and "token_type_ids" not in ids  # ids, lengths, segments, labels, the step
+        same(masker(ids), expected)
+        assert shipped_counts == counts  # masked positions, real and padded tokens: counted without the masks
+        assert (expected["labels"] != -100).sum() > 0
+
+
+def test_a_left_to_right_phase_split_data_and_full_rows_follow():
+    collator = MaskingCollator(_Tokenizer(), max_predictions_per_seq=6)
+    split = instances(60, 30).train_test_split(test_size=0.2, seed=1)["train"]  # read through its indices mapping
+    assert split._indices is not None
+    for data, causal, static in ((split, True, True), (split, True, False), (split, False, True),
+                                 (instances(30, 24, full=True), False, True), (instances(30, 24, full=True), True, True)):
+        masked, shipped, masker = loaders(data, collator, static, causal=causal, first_step=500)
+        for micro, rows in ((0, [0, 1, 2]), (7, [10, 3, 8])):
+            expected, counts = masked[micro, rows]
+            ids, shipped_counts = shipped[micro, rows]
+            same(masker(ids), expected)
+            assert shipped_counts == counts
+    full, _ = shipped[0, [0, 1, 2]]
+    assert "lengths" not in full and "attention_mask" not in masker(full)  # no padding: no mask (flash attention)
+
+
+def test_the_masker_reads_nothing_on_the_host_and_whole_words_stay_in_the_loader():
+    collator = MaskingCollator(_Tokenizer(), max_predictions_per_seq=6)
+    _, shipped, masker = loaders(instances(30, 32), collator, True)
+    ids, _ = shipped[4, [3, 4, 5, 6]]
+    masker(ids)  # the special ids and the pool are copied to the device once, before a capture
+    with no_host_sync():
+        masker(ids)
+    with pytest.raises(ValueError, match="whole-word masking cannot be made inside the step"):
+        StepMasker(MaskingCollator(_Tokenizer(), whole_word_mask=True), 0, True, 6)
+
+
+def test_segments_the_step_cannot_rebuild_are_refused_by_instance():
+    data = datasets.Dataset.from_dict({"input_ids": [[CLS, 9, SEP, 8, SEP], [CLS, 9, 9, SEP, 8, SEP]],
+                                       "token_type_ids": [[0, 0, 0, 1, 1], [0, 1, 0, 0, 1, 1]],
+                                       "next_sentence_label": [0, 1]})
+    with pytest.raises(ValueError, match="instance 1: token_type_ids are not 0 for the first segment"):
+        IdsTable(data, PAD)
+
+
+def test_a_batch_is_one_indexed_read_of_a_large_table(report):
+    """The loader's cost per 128 x 128 batch: the ids-only read against the loader that pads and masks."""
+    import time
+
+    data = instances(3000, 128, seed=3)
+    collator = MaskingCollator(_Tokenizer(), max_predictions_per_seq=20)
+    masked, shipped, _ = loaders(data, collator, True, accumulation=1, world=1, rank=0)
+    rng = np.random.default_rng(0)
+    keys = [(k, rng.choice(len(data), 128, replace=False).tolist()) for k in range(20)]
+    took = {}
+    for name, made in (("masked", masked), ("ids", shipped)):
+        made[keys[0]]
+        start = time.perf_counter()
+        for key in keys:
+            made[key]
+        took[name] = (time.perf_counter() - start) / len(keys) * 1000
+    report("loader per 128 x 128 batch (ms, one core)", f"ids only {took['ids']:.2f}, padded and masked "
+                                                          f"{took['masked']:.2f}")
+    assert took["ids"] < took["masked"]
+
+
+def test_the_recipe_with_masks_made_in_the_step_logs_the_loaders_losses(pretrain_setup, tmp_path):
+    """mask_in_step=true on the CPU (fp32, static shapes, no dropout, two micro-batches, both length phases,
+    split data): the losses of mask_in_step=false, step for step, and the padded beside the real tokens/s."""
+    recipe = load_recipe()
+    runs = {}
+    for in_step in ("false", "true"):
+        fresh_state()
+        runs[in_step] = recipe.main(recipe_args(
+            pretrain_setup, tmp_path / in_step, "max_steps=6", "phase1_fraction=0.5", "save_steps=1000",
+            "mixed_precision=no", "hidden_dropout_prob=0", "attention_probs_dropout_prob=0", "eval_steps=6",
+            "static_shapes=true", "torch_compile=false", "gradient_accumulation_steps=2", f"mask_in_step={in_step}"))
+    for a, b in zip(runs["false"], runs["true"], strict=True):
+        assert (a["mlm_loss"], a["nsp_loss"], a["mlm_accuracy"]) == (b["mlm_loss"], b["nsp_loss"], b["mlm_accuracy"])
+        assert b["padded_tokens_per_second"] >= b["tokens_per_second"] > 0
+    assert runs["true"][-1]["eval_mlm_accuracy"] == runs["false"][-1]["eval_mlm_accuracy"]
+    results = json.loads((tmp_path / "true" / "pretrain_results.json").read_text())
+    assert results["mask_in_step_phases"] == [1, 2]
+    assert json.loads((tmp_path / "false" / "pretrain_results.json").read_text())["mask_in_step_phases"] == []
