@@ -349,11 +349,12 @@ def selection_key(card: TaskCard) -> str:
 
 def train_and_evaluate(prepared: Prepared, model_name: str, args: TrainingArguments,
                        save_to: Path | None = None, lora: LoraSettings | None = None,
-                       callbacks: list[TrainerCallback] | None = None) -> dict:
+                       callbacks: list[TrainerCallback] | None = None, keep=None) -> dict:
     """Fine-tune with per-epoch dev evaluation; write `all_results.json` and dev predictions into
     args.output_dir and the model into `save_to` (default: args.output_dir). With `lora`, only the LoRA
     matrices and the head train; the adapter goes to <save_to>/adapter and the merged model to save_to.
-    Returns metrics, per-epoch history and runtime."""
+    `keep`: called with the final metrics; False: no model is written (a grid trial that cannot beat the best so
+    far; `saved` is then False). Returns metrics, per-epoch history, runtime and `saved`."""
     card = prepared.card
     adapter = adapter_for(card)
     if not torch.cuda.is_available() or args.use_cpu:
@@ -405,16 +406,19 @@ def train_and_evaluate(prepared: Prepared, model_name: str, args: TrainingArgume
             settings.update(chosen)
             metrics.update({f"chosen_{k}": v for k, v in chosen.items()})
     history = [entry for entry in trainer.state.log_history if any(k.startswith("eval_") for k in entry)]
-    if lora is None:
+    saved = keep is None or bool(keep(metrics))
+    if saved and lora is None:
         trainer.save_model(str(save_to or out))  # the main process only (Trainer)
-    elif is_main_process():  # the adapter, then the merged model: a checkpoint like any other
+    elif saved and is_main_process():  # the adapter, then the merged model: a checkpoint like any other
         save_lora(trainer.model, save_to or out, prepared.tokenizer)
     if is_main_process():
-        save_card(card, Path(save_to or out) / CARD_FILE)  # predict finds the task beside the checkpoint
-        atomic_write_text(Path(save_to or out) / TASK_SETTINGS_FILE, json.dumps(settings, indent=2, sort_keys=True))
+        if saved:
+            save_card(card, Path(save_to or out) / CARD_FILE)  # predict finds the task beside the checkpoint
+            atomic_write_text(Path(save_to or out) / TASK_SETTINGS_FILE,
+                              json.dumps(settings, indent=2, sort_keys=True))
         atomic_write_text(out / "all_results.json", json.dumps(metrics, indent=2, sort_keys=True))
     trainer.accelerator.wait_for_everyone()  # no process reads the folder (--test_file) before rank 0 wrote it
-    return {"metrics": metrics, "history": history, "train_runtime": metrics["train_runtime"]}
+    return {"metrics": metrics, "history": history, "train_runtime": metrics["train_runtime"], "saved": saved}
 
 
 def predict(card: TaskCard, model: str, split: str, data_dir: str | None, output_dir: str,
