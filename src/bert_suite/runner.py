@@ -100,11 +100,51 @@ def _reorder(values, inverse):
 
 class SuiteTrainer(Trainer):
     """Trainer whose evaluation and prediction run over examples sorted by length (outputs, and
-    what compute_metrics sees, come back in the dataset's order), and whose `group_by_length`
-    training order is `LengthBucketSampler`."""
+    what compute_metrics sees, come back in the dataset's order), whose `group_by_length`
+    training order is `LengthBucketSampler`, which keeps each dataset's last evaluation (so that a dev set
+    evaluated at the last step is not predicted again, `last_evaluation`), and which counts a step's
+    floating-point operations without walking the model's parameters at every step."""
 
     _eval_inverse = None
     _eval_orders: dict | None = None  # dataset fingerprint -> length order (per-epoch evaluation reuses it)
+    _evaluated: dict | None = None  # metric prefix -> (global step, EvalLoopOutput, inverse order)
+    _flops_per_token: int | None = None
+
+    def evaluation_loop(self, dataloader, description, prediction_loss_only=None, ignore_keys=None,
+                        metric_key_prefix="eval"):
+        output = super().evaluation_loop(dataloader, description, prediction_loss_only, ignore_keys, metric_key_prefix)
+        if description == "Evaluation" and output.predictions is not None:
+            if self._evaluated is None:
+                self._evaluated = {}
+            # evaluate() then adds its speed figures to output.metrics (the same dict)
+            self._evaluated[metric_key_prefix] = (self.state.global_step, output, self._eval_inverse)
+        return output
+
+    def last_evaluation(self, evaluated: str, prefix: str):
+        """`predict(dataset, metric_key_prefix=prefix)`'s output taken from the evaluation logged as `evaluated`
+        (its metric prefix: "eval", or "eval_NAME" for one of several dev sets) when it ran at this very step (the
+        per-epoch evaluation after the last epoch); None where there was none or the model changed since (a best
+        checkpoint loaded at the end)."""
+        found = (self._evaluated or {}).get(evaluated)
+        if not found or found[0] != self.state.global_step or self.args.load_best_model_at_end:
+            return None
+        _, output, inverse = found
+        used = evaluated
+        metrics = {prefix + key[len(used):] if key.startswith(used + "_") else key: value
+                   for key, value in output.metrics.items() if key != "epoch"}  # log() adds the epoch
+        predictions = output.predictions if inverse is None else _reorder(output.predictions, inverse)
+        labels = output.label_ids if inverse is None else _reorder(output.label_ids, inverse)
+        return transformers.trainer_utils.PredictionOutput(predictions=predictions, label_ids=labels, metrics=metrics)
+
+    def floating_point_ops(self, inputs) -> int:
+        """Trainer's estimate (6 x tokens x non-embedding parameters) with the parameters counted once, not at
+        every step (a walk over every parameter a step: host time a GPU's step waits for)."""
+        main = getattr(self.model, "main_input_name", "input_ids")
+        if main not in inputs or not hasattr(self.model, "num_parameters"):
+            return 0
+        if self._flops_per_token is None:
+            self._flops_per_token = 6 * self.model.num_parameters(exclude_embeddings=True)
+        return inputs[main].numel() * self._flops_per_token
 
     @property
     def compute_metrics(self):
@@ -340,6 +380,21 @@ def model_load_error(model: str, err: Exception) -> RunError:
                     "(or preset:NAME with --tokenizer)")
 
 
+LENGTH_BUCKET = 32  # on a GPU, batches are padded to a multiple of this: a few shapes a run, not one per length
+
+
+def length_bucket(args: TrainingArguments) -> int | None:
+    """The multiple a run's batches are padded to: LENGTH_BUCKET on a CUDA device, where every new (batch, length)
+    shape costs a new attention plan (and a compiled or captured step a new graph); None on the CPU, whose eager
+    model drops the padding itself (BERT_SUITE_LENGTH_BUCKET overrides it: a number, 0 for none)."""
+    chosen = os.environ.get("BERT_SUITE_LENGTH_BUCKET")
+    if chosen is not None:
+        if not chosen.isdigit():
+            raise RunError(f"BERT_SUITE_LENGTH_BUCKET must be a number of tokens (0: no buckets), got {chosen!r}")
+        return int(chosen) or None
+    return LENGTH_BUCKET if args.device.type == "cuda" else None
+
+
 def selection_key(card: TaskCard) -> str:
     """The key of the card's selection metric in Trainer's metrics."""
     if len(card.eval_splits) == 1:
@@ -375,7 +430,7 @@ def train_and_evaluate(prepared: Prepared, model_name: str, args: TrainingArgume
         args=args,
         train_dataset=prepared.encoded[card.train_split],
         eval_dataset=next(iter(per_epoch.values())) if len(per_epoch) == 1 else per_epoch,
-        data_collator=adapter.collator(prepared.tokenizer),
+        data_collator=adapter.collator(prepared.tokenizer, length_bucket(args)),
         processing_class=prepared.tokenizer,
         compute_metrics=adapter.metric_fn(card, prepared.raw[first], prepared.encoded[first]),
         callbacks=[_StepFailpoint(), *(callbacks or [])],
@@ -396,7 +451,10 @@ def train_and_evaluate(prepared: Prepared, model_name: str, args: TrainingArgume
     for split, dataset in evals.items():
         prefix = "eval" if len(evals) == 1 else f"eval_{split}"
         trainer.compute_metrics = adapter.metric_fn(card, prepared.raw[split], dataset)
-        result = trainer.predict(dataset, metric_key_prefix=prefix)
+        # a dev set evaluated after the last epoch is not predicted a second time
+        evaluated = None if split not in per_epoch else "eval" if len(per_epoch) == 1 else f"eval_{split}"
+        result = (trainer.last_evaluation(evaluated, prefix) if evaluated else None) or \
+            trainer.predict(dataset, metric_key_prefix=prefix)
         metrics.update(result.metrics)
         metrics[f"{prefix}_samples"] = len(prepared.raw[split])
         chosen = adapter.write_outputs(out / "predictions", card, split, prepared.raw[split], dataset,
@@ -448,7 +506,7 @@ def predict(card: TaskCard, model: str, split: str, data_dir: str | None, output
                              **values)  # under a launcher without a GPU: the same gloo group
     if announce and is_main_process():
         print(precision.describe(), file=sys.stderr, flush=True)
-    trainer = SuiteTrainer(model=net, args=args, data_collator=adapter.collator(prepared.tokenizer))
+    trainer = SuiteTrainer(model=net, args=args, data_collator=adapter.collator(prepared.tokenizer, length_bucket(args)))
     data = prepared.encoded[split]
     labels = [c for c in LABEL_COLUMNS if c in data.column_names]
     result = trainer.predict(data.remove_columns(labels))
@@ -569,6 +627,15 @@ def apply_precision(values: dict, precision: Precision) -> Precision:
     return precision
 
 
+def device_defaults(values: dict, cuda: bool) -> dict:
+    """TrainingArguments values with a GPU run's defaults added (flags the user gave win): no host sync a step (the
+    NaN/Inf filter reads every step's loss; a diverged run still logs a non-finite loss, which fails a grid trial),
+    and batches copied from pinned memory without waiting. The CPU keeps the Trainer's defaults."""
+    if not cuda or values.get("use_cpu"):
+        return values
+    return {"logging_nan_inf_filter": False, "accelerator_config": {"non_blocking": True}, **values}
+
+
 def training_arguments(card: TaskCard, output_dir: str, overrides: dict | None = None) -> TrainingArguments:
     """TrainingArguments from the card's defaults, then `overrides` (explicit flags win)."""
     values = {k: v for k, v in card.defaults.items() if k != "max_seq_length"}
@@ -582,6 +649,7 @@ def training_arguments(card: TaskCard, output_dir: str, overrides: dict | None =
     for key in ("learning_rate", "num_train_epochs", "per_device_train_batch_size"):
         if key in values and float(values[key]) <= 0:
             raise RunError(f"{key} must be positive, got {values[key]}")
+    values = device_defaults(values, torch.cuda.is_available())
     launched = launched_processes()
     if needs_cpu_group():
         values.setdefault("use_cpu", True)  # else accelerate runs N unconnected copies; on the CPU it joins them with gloo

@@ -54,8 +54,9 @@ class TaskAdapter(Protocol):
                    train: bool) -> datasets.Dataset:
         """Raw examples -> model features (input_ids, ..., labels); `train` drops what only evaluation needs."""
 
-    def collator(self, tokenizer):
-        """The batch collator for the features (padding per batch)."""
+    def collator(self, tokenizer, pad_to_multiple_of: int | None = None):
+        """The batch collator for the features: padding to the batch's longest, rounded up to a multiple of
+        `pad_to_multiple_of` (length buckets: a few shapes a run, for a compiled or captured step)."""
 
     def metric_fn(self, card: TaskCard, examples, features):
         """A compute_metrics function for Trainer, scoring one split's predictions with the card's metric."""

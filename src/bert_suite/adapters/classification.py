@@ -260,11 +260,11 @@ def compute_metrics(card: TaskCard, predictions: np.ndarray, references: np.ndar
     return glue_metrics(card.metric, predictions, references)
 
 
-def collator(tokenizer):
-    """Dynamic padding to the longest sequence of each batch."""
+def collator(tokenizer, pad_to_multiple_of: int | None = None):
+    """Dynamic padding to the longest sequence of each batch (rounded up to a multiple of `pad_to_multiple_of`)."""
     from transformers import DataCollatorWithPadding
 
-    return DataCollatorWithPadding(tokenizer)
+    return DataCollatorWithPadding(tokenizer, pad_to_multiple_of=pad_to_multiple_of)
 
 
 def metric_fn(card: TaskCard, examples=None, features=None):

@@ -289,8 +289,8 @@ class MultipleChoiceCollator:
     keeps `labels`. Written here because transformers ships no collator for nested choices; the padding
     itself is the tokenizer's."""
 
-    def __init__(self, tokenizer):
-        self.tokenizer = tokenizer
+    def __init__(self, tokenizer, pad_to_multiple_of: int | None = None):
+        self.tokenizer, self.pad_to_multiple_of = tokenizer, pad_to_multiple_of
 
     def __call__(self, features: list[dict]) -> dict:
         import torch
@@ -298,15 +298,16 @@ class MultipleChoiceCollator:
         count = len(features[0]["input_ids"])
         keys = [k for k in INPUT_KEYS if k in features[0]]
         flat = [{k: f[k][c] for k in keys} for f in features for c in range(count)]
-        batch = dict(self.tokenizer.pad(flat, padding="longest", return_tensors="pt"))
+        batch = dict(self.tokenizer.pad(flat, padding="longest", pad_to_multiple_of=self.pad_to_multiple_of,
+                                        return_tensors="pt"))
         batch = {k: v.view(len(features), count, -1) for k, v in batch.items()}
         if "labels" in features[0]:
             batch["labels"] = torch.tensor([int(f["labels"]) for f in features], dtype=torch.long)
         return batch
 
 
-def collator(tokenizer) -> MultipleChoiceCollator:
-    return MultipleChoiceCollator(tokenizer)
+def collator(tokenizer, pad_to_multiple_of: int | None = None) -> MultipleChoiceCollator:
+    return MultipleChoiceCollator(tokenizer, pad_to_multiple_of)
 
 
 # ----------------------------------------------------------------------------------------------------------------

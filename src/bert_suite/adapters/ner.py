@@ -677,14 +677,17 @@ def _lowercases(tokenizer) -> bool:
 @dataclass
 class TokenClassificationCollator:
     """Pads input_ids (with the pad id), token_type_ids and attention_mask (0) and labels (-100) to the
-    longest feature of the batch; other columns are ignored."""
+    longest feature of the batch, rounded up to a multiple of `pad_to_multiple_of`; other columns are ignored."""
 
     pad_token_id: int
+    pad_to_multiple_of: int | None = None
 
     def __call__(self, rows: list[dict]) -> dict[str, torch.Tensor]:
         import torch  # here, not at the top: reading CoNLL files (corpus --from_task) needs no torch
 
         width = max(len(row["input_ids"]) for row in rows)
+        if self.pad_to_multiple_of:
+            width = -(-width // self.pad_to_multiple_of) * self.pad_to_multiple_of
         batch = {}
         for key, pad in (("input_ids", self.pad_token_id), ("token_type_ids", 0), ("attention_mask", 0),
                          ("labels", IGNORE_INDEX)):
@@ -698,8 +701,9 @@ class TokenClassificationCollator:
         return batch
 
 
-def collator(tokenizer) -> TokenClassificationCollator:
-    return TokenClassificationCollator(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
+def collator(tokenizer, pad_to_multiple_of: int | None = None) -> TokenClassificationCollator:
+    return TokenClassificationCollator(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0,
+                                       pad_to_multiple_of)
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -678,11 +678,12 @@ def _result(card: TaskCard, examples, features, predictions, threshold: float = 
                        bool(options["version_2_with_negative"]), threshold)
 
 
-def collator(tokenizer):
-    """Dynamic padding to the longest window of each batch (evaluation-only columns are dropped by Trainer)."""
+def collator(tokenizer, pad_to_multiple_of: int | None = None):
+    """Dynamic padding to the longest window of each batch, rounded up to a multiple of `pad_to_multiple_of`
+    (evaluation-only columns are dropped by Trainer)."""
     from transformers import DataCollatorWithPadding
 
-    return DataCollatorWithPadding(tokenizer)
+    return DataCollatorWithPadding(tokenizer, pad_to_multiple_of=pad_to_multiple_of)
 
 
 def metric_fn(card: TaskCard, examples, features):

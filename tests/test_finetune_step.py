@@ -1,0 +1,119 @@
+"""The fine-tuning step's host-side costs (issue 62): batches padded to length buckets on a GPU (every task family),
+the dev set evaluated after the last epoch not predicted a second time, the FLOPs estimate without a walk over the
+parameters at every step, and no per-step host sync among a GPU run's defaults."""
+
+import json
+
+import pytest
+import torch
+import transformers
+
+from bert_suite import BertSuiteConfig, BertSuiteForSequenceClassification
+from bert_suite.adapters import classification, multiple_choice, ner, squad
+from bert_suite.cli import main as cli_main
+from bert_suite.runner import RunError, SuiteTrainer, device_defaults, length_bucket
+from helpers import run_args, write_rte_like
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    path = tmp_path_factory.mktemp("vocab") / "vocab.txt"
+    path.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *(f"w{i}" for i in range(40))]) + "\n")
+    return transformers.BertTokenizer(vocab=str(path))
+
+
+def rows(lengths):
+    return [{"input_ids": [2, *range(5, 5 + n - 2), 3], "token_type_ids": [0] * n, "attention_mask": [1] * n}
+            for n in lengths]
+
+
+@pytest.mark.parametrize("family", ["classification", "squad", "multiple_choice", "ner"])
+def test_every_familys_batches_pad_to_a_bucket_and_keep_their_tokens(tokenizer, family):
+    module = {"classification": classification, "squad": squad, "multiple_choice": multiple_choice, "ner": ner}[family]
+    lengths = [7, 33, 20]
+    if family == "multiple_choice":
+        features = [{k: [r[k] for r in rows([n, n - 2])] for k in ("input_ids", "token_type_ids", "attention_mask")}
+                    | {"labels": 1} for n in lengths]
+    else:
+        features = [r | ({"labels": [0] * len(r["input_ids"])} if family == "ner" else {}) for r in rows(lengths)]
+    plain = module.collator(tokenizer)(features)
+    bucketed = module.collator(tokenizer, 32)(features)
+    assert plain["input_ids"].shape[-1] == 33 and bucketed["input_ids"].shape[-1] == 64
+    for key, value in plain.items():
+        if value.dim() and value.shape[-1] == 33:
+            assert torch.equal(bucketed[key][..., :33], value), key
+            fill = {"input_ids": tokenizer.pad_token_id, "labels": -100}.get(key, 0)
+            assert (bucketed[key][..., 33:] == fill).all(), key
+        else:
+            assert torch.equal(bucketed[key], value), key
+    short = module.collator(tokenizer, 32)(features[:1])
+    assert short["input_ids"].shape[-1] == 32  # a batch of 7 tokens: the first bucket
+
+
+def test_a_bucketed_batch_gives_the_models_outputs_of_the_plain_one(tokenizer):
+    torch.manual_seed(0)
+    model = BertSuiteForSequenceClassification(BertSuiteConfig.from_preset("tiny", vocab_size=len(tokenizer))).eval()
+    features = rows([7, 30, 12])
+    plain, bucketed = (classification.collator(tokenizer, m)(features) for m in (None, 32))
+    with torch.no_grad():
+        assert torch.allclose(model(**plain).logits, model(**bucketed).logits, atol=1e-5)
+
+
+def test_buckets_are_on_for_cuda_off_on_the_cpu_and_the_environment_overrides(monkeypatch, tmp_path):
+    args = transformers.TrainingArguments(output_dir=str(tmp_path), use_cpu=True)
+    assert length_bucket(args) is None
+    monkeypatch.setenv("BERT_SUITE_LENGTH_BUCKET", "64")
+    assert length_bucket(args) == 64
+    monkeypatch.setenv("BERT_SUITE_LENGTH_BUCKET", "0")
+    assert length_bucket(args) is None
+    monkeypatch.setenv("BERT_SUITE_LENGTH_BUCKET", "many")
+    with pytest.raises(RunError, match="BERT_SUITE_LENGTH_BUCKET must be a number of tokens"):
+        length_bucket(args)
+
+
+def test_a_gpu_runs_defaults_read_no_loss_a_step_and_copy_without_waiting():
+    assert device_defaults({}, cuda=True) == {"logging_nan_inf_filter": False, "accelerator_config": {"non_blocking": True}}
+    assert device_defaults({"logging_nan_inf_filter": True}, cuda=True)["logging_nan_inf_filter"] is True  # a flag wins
+    assert device_defaults({}, cuda=False) == {}  # the CPU keeps the Trainer's defaults
+    assert device_defaults({"use_cpu": True}, cuda=True) == {"use_cpu": True}
+
+
+def test_the_dev_set_evaluated_after_the_last_epoch_is_not_predicted_again(tmp_path, monkeypatch):
+    """The same all_results.json (but for timings) and predictions as predicting the dev set again, with one pass
+    over it fewer."""
+    data = write_rte_like(tmp_path / "data", n_train=96, n_dev=40)
+    passes = []
+    loop = SuiteTrainer.evaluation_loop
+
+    def counted(self, dataloader, description, *args, **kwargs):
+        passes.append(description)
+        return loop(self, dataloader, description, *args, **kwargs)
+
+    monkeypatch.setattr(SuiteTrainer, "evaluation_loop", counted)
+    runs = {}
+    for name in ("reused", "again"):
+        if name == "again":
+            monkeypatch.setattr(SuiteTrainer, "last_evaluation", lambda self, evaluated, prefix: None)
+        passes.clear()
+        out = tmp_path / name
+        assert cli_main(["finetune", "rte", *run_args(data, out, "--learning_rate", "1e-3", "--num_train_epochs", "2",
+                                                       "--per_device_train_batch_size", "16")]) == 0
+        results = json.loads((out / "all_results.json").read_text())
+        runs[name] = ({k: v for k, v in results.items() if not k.endswith(("runtime", "per_second"))},
+                      (out / "predictions" / "dev.tsv").read_text(), list(passes))
+    assert runs["reused"][0] == runs["again"][0]
+    assert runs["reused"][1] == runs["again"][1]
+    assert runs["reused"][2] == ["Evaluation"] * 2 and runs["again"][2] == ["Evaluation"] * 2 + ["Prediction"]
+
+
+def test_the_flops_estimate_counts_the_parameters_once(tmp_path, monkeypatch):
+    model = BertSuiteForSequenceClassification(BertSuiteConfig.from_preset("tiny", vocab_size=50))
+    trainer = SuiteTrainer(model=model, args=transformers.TrainingArguments(output_dir=str(tmp_path), use_cpu=True,
+                                                                            report_to="none"))
+    expected = transformers.Trainer.floating_point_ops(trainer, {"input_ids": torch.zeros(4, 9, dtype=torch.long)})
+    counted = []
+    real = type(model).num_parameters
+    monkeypatch.setattr(type(model), "num_parameters", lambda self, **kw: counted.append(1) or real(self, **kw))
+    for _ in range(3):
+        assert trainer.floating_point_ops({"input_ids": torch.zeros(4, 9, dtype=torch.long)}) == expected
+    assert len(counted) == 1
