@@ -50,8 +50,8 @@ test: install  ## the fast offline tests (README)
 test-all: install  ## the tests, slow ones included
 	$(OFFLINE) $(BIN)/python -m pytest $(PYTEST_ARGS)
 
-test-gpu: install  ## the GPU checks (tests/test_gpu.py; skipped without CUDA)
-	$(OFFLINE) $(BIN)/python -m pytest tests/test_gpu.py $(PYTEST_ARGS)
+test-gpu: install  ## the GPU checks (tests/test_gpu.py, tests/test_gpu_steps.py; skipped without CUDA)
+	$(OFFLINE) $(BIN)/python -m pytest tests/test_gpu.py tests/test_gpu_steps.py $(PYTEST_ARGS)
 
 lint: install  ## ruff on all Python in the repository
 	$(BIN)/ruff check .
@@ -66,13 +66,17 @@ DATA_DIR  ?=
 TOKENIZER ?=
 OUT       ?= runs/$(TASK)-grid
 GRID_ARGS ?=
+WORKERS_PER_GPU ?=
+GPUS ?=
 # --data_dir / --tokenizer when DATA_DIR / TOKENIZER are set (every task target passes them)
 DATA_FLAGS = $(if $(DATA_DIR),--data_dir $(DATA_DIR)) $(if $(TOKENIZER),--tokenizer $(TOKENIZER))
+# --workers_per_gpu / --gpus when WORKERS_PER_GPU / GPUS are set (several workers on one or several GPUs)
+WORKER_FLAGS = $(if $(WORKERS_PER_GPU),--workers_per_gpu $(WORKERS_PER_GPU)) $(if $(GPUS),--gpus $(GPUS))
 
 .PHONY: glue
-glue: install  ## the paper's grid on a GLUE task (TASK=rte MODEL=... DATA_DIR=...)
+glue: install  ## the paper's grid on a GLUE task (TASK=rte MODEL=... DATA_DIR=... WORKERS_PER_GPU=2 GPUS=0,1)
 	$(BIN)/bert-suite grid $(TASK) --model $(MODEL) --output_dir $(OUT) \
-		$(DATA_FLAGS) $(GRID_ARGS)
+		$(DATA_FLAGS) $(WORKER_FLAGS) $(GRID_ARGS)
 
 # ---- SQuAD: the card's grid (paper: v1.1 3 epochs, v2.0 2 epochs, lr 5e-5); see docs/squad.md ----
 # DATA_DIR holds the official train-v1.1.json/dev-v1.1.json (or the v2.0 files); empty = the Hub.

@@ -487,3 +487,55 @@ def smoke_study(shipped: Path, folder: Path, steps: int = 8, tasks: tuple = (0, 
     path = folder / shipped.name
     path.write_text(yaml.safe_dump(study, sort_keys=False))
     return path
+
+
+# ------------------------------------------------------- masks made in the step (pre-training)
+
+IDS_VOCAB = 200
+PAD, UNK, CLS, SEP, MASK = 0, 1, 2, 3, 4
+
+
+class IdsTokenizer:
+    """The few things MaskingCollator reads from a tokenizer (tests of masks made in the step)."""
+
+    pad_token_id, unk_token_id, cls_token_id, sep_token_id, mask_token_id = PAD, UNK, CLS, SEP, MASK
+    all_special_ids = [PAD, UNK, CLS, SEP, MASK]
+
+    def get_vocab(self):
+        return {f"t{i}": i for i in range(IDS_VOCAB)}
+
+
+def ids_instances(count: int, longest: int, seed: int = 0, full: bool = False):
+    """NSP-shaped rows ([CLS] A [SEP] B [SEP]) of random lengths up to `longest` (all `longest` with `full`), some
+    with [UNK] inside (a special token that is never masked), written as several Arrow chunks."""
+    import datasets
+    import numpy as np
+    rng = np.random.default_rng(seed)
+    parts = []
+    for _ in range(3):
+        rows = {"input_ids": [], "token_type_ids": [], "next_sentence_label": []}
+        for _ in range(count // 3):
+            n = longest if full else int(rng.integers(6, longest + 1))
+            a = int(rng.integers(1, n - 3))
+            body = rng.integers(5, IDS_VOCAB, n - 3)
+            body[rng.random(n - 3) < 0.05] = UNK
+            rows["input_ids"].append([CLS, *body[:a].tolist(), SEP, *body[a:].tolist(), SEP])
+            rows["token_type_ids"].append([0] * (a + 2) + [1] * (n - a - 2))
+            rows["next_sentence_label"].append(int(rng.integers(0, 2)))
+        parts.append(datasets.Dataset.from_dict(rows))
+    return datasets.concatenate_datasets(parts)
+
+
+def mask_loaders(data, collator, static, causal=False, accumulation=2, world=2, rank=1, first_step=0, seed=7):
+    """(the loader that pads and masks, the ids-only loader, the step's masker) for the same batches."""
+    from types import SimpleNamespace
+
+    from bert_suite.pretraining.loader import Batches, IdsBatches, IdsTable
+    from bert_suite.pretraining.masking import StepMasker
+
+    cfg = SimpleNamespace(gradient_accumulation_steps=accumulation, seed=seed)
+    form = (max(len(r) for r in data["input_ids"]), None if causal else collator.max_predictions_per_seq) \
+        if static else None
+    masked = Batches(data, collator, cfg, first_step, rank, world, form, causal)
+    shipped = IdsBatches(IdsTable(data, PAD), collator, cfg, first_step, rank, world, static, causal)
+    return masked, shipped, StepMasker(collator, seed, static, form[1] if form else None, causal)

@@ -117,3 +117,37 @@ def test_the_flops_estimate_counts_the_parameters_once(tmp_path, monkeypatch):
     for _ in range(3):
         assert trainer.floating_point_ops({"input_ids": torch.zeros(4, 9, dtype=torch.long)}) == expected
     assert len(counted) == 1
+
+
+def test_the_captured_steps_body_trains_as_the_trainers_step(tmp_path, monkeypatch, capsys):
+    """BERT_SUITE_CAPTURED_STEP=1 on the CPU runs the captured step's body (forward, backward, clipping, AdamW on
+    static buffers, a device learning rate) without a graph: with dropout on, the Trainer's eager losses at every
+    step, its dev score and its weights; gradient accumulation falls back to the Trainer's step with one line."""
+    from safetensors.torch import load_file
+
+    data = write_rte_like(tmp_path / "data", n_train=80, n_dev=32)
+    monkeypatch.setenv("BERT_SUITE_LENGTH_BUCKET", "16")  # a few shapes, as on a GPU
+    from bert_suite import finetune_step
+
+    steps, real = [], finetune_step.FinetuneStep.step
+    monkeypatch.setattr(finetune_step.FinetuneStep, "step", lambda self, batch: steps.append(1) or real(self, batch))
+    runs = {}
+    for switch in ("0", "1"):
+        monkeypatch.setenv("BERT_SUITE_CAPTURED_STEP", switch)
+        out = tmp_path / switch
+        assert cli_main(["finetune", "rte", *run_args(data, out, "--learning_rate", "1e-3", "--num_train_epochs", "2",
+                                                       "--per_device_train_batch_size", "16", "--logging_steps", "1",
+                                                       "--logging_strategy", "steps", "--max_grad_norm", "0.5")]) == 0
+        runs[switch] = (json.loads((out / "all_results.json").read_text()), load_file(out / "model.safetensors"),
+                        len(steps))
+    eager, captured = runs["0"], runs["1"]
+    assert eager[2] == 0 and captured[2] == 10  # 2 epochs of 5 batches, every one through the captured body
+    assert captured[0]["train_loss"] == pytest.approx(eager[0]["train_loss"], rel=1e-6)
+    assert captured[0]["eval_loss"] == pytest.approx(eager[0]["eval_loss"], rel=1e-5)
+    for name, weight in eager[1].items():
+        assert torch.allclose(captured[1][name], weight, atol=1e-6), name
+    capsys.readouterr()
+    monkeypatch.setenv("BERT_SUITE_CAPTURED_STEP", "1")
+    assert cli_main(["finetune", "rte", *run_args(data, tmp_path / "accumulated", "--num_train_epochs", "1",
+                                                   "--gradient_accumulation_steps", "2")]) == 0
+    assert "captured step: off, gradient_accumulation_steps > 1" in capsys.readouterr().err

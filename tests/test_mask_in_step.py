@@ -4,47 +4,16 @@ Table 8's mixes, caps, a left-to-right phase, a batch without padding, split dat
 the host, and a recipe run with them logs the same losses as one without."""
 
 import json
-from types import SimpleNamespace
 
 import datasets
 import numpy as np
 import pytest
 import torch
 
-from bert_suite.pretraining.loader import Batches, IdsBatches, IdsTable
+from bert_suite.pretraining.loader import IdsTable
 from bert_suite.pretraining.masking import MaskingCollator, StepMasker
 from bert_suite.pretraining.step import no_host_sync
-from helpers import fresh_state, load_recipe, recipe_args
-
-VOCAB = 200
-PAD, UNK, CLS, SEP, MASK = 0, 1, 2, 3, 4
-
-
-class _Tokenizer:
-    pad_token_id, unk_token_id, cls_token_id, sep_token_id, mask_token_id = PAD, UNK, CLS, SEP, MASK
-    all_special_ids = [PAD, UNK, CLS, SEP, MASK]
-
-    def get_vocab(self):
-        return {f"t{i}": i for i in range(VOCAB)}
-
-
-def instances(count: int, longest: int, seed: int = 0, full: bool = False) -> datasets.Dataset:
-    """NSP-shaped rows ([CLS] A [SEP] B [SEP]) of random lengths up to `longest` (all `longest` with `full`), some
-    with [UNK] inside (a special token that is never masked), written as several Arrow chunks."""
-    rng = np.random.default_rng(seed)
-    parts = []
-    for chunk in range(3):
-        rows = {"input_ids": [], "token_type_ids": [], "next_sentence_label": []}
-        for _ in range(count // 3):
-            n = longest if full else int(rng.integers(6, longest + 1))
-            a = int(rng.integers(1, n - 3))
-            body = rng.integers(5, VOCAB, n - 3)
-            body[rng.random(n - 3) < 0.05] = UNK
-            rows["input_ids"].append([CLS, *body[:a].tolist(), SEP, *body[a:].tolist(), SEP])
-            rows["token_type_ids"].append([0] * (a + 2) + [1] * (n - a - 2))
-            rows["next_sentence_label"].append(int(rng.integers(0, 2)))
-        parts.append(datasets.Dataset.from_dict(rows))
-    return datasets.concatenate_datasets(parts)
+from helpers import CLS, PAD, SEP, IdsTokenizer, fresh_state, ids_instances, load_recipe, mask_loaders, recipe_args
 
 
 def same(made: dict, expected: dict) -> None:
@@ -54,15 +23,6 @@ def same(made: dict, expected: dict) -> None:
         assert torch.equal(made[key], expected[key]), key
 
 
-def loaders(data, collator, static, causal=False, accumulation=2, world=2, rank=1, first_step=0, seed=7):
-    cfg = SimpleNamespace(gradient_accumulation_steps=accumulation, seed=seed)
-    form = (max(len(r) for r in data["input_ids"]), None if causal else collator.max_predictions_per_seq) \
-        if static else None
-    masked = Batches(data, collator, cfg, first_step, rank, world, form, causal)
-    shipped = IdsBatches(IdsTable(data, PAD), collator, cfg, first_step, rank, world, static, causal)
-    return masked, shipped, StepMasker(collator, seed, static, form[1] if form else None, causal)
-
-
 MIXES = [dict(), dict(mask_ratio=0.5, random_ratio=0.5), dict(mask_ratio=1.0, random_ratio=0.0),
          dict(mask_ratio=0.0, random_ratio=0.0), dict(mlm_probability=0.4)]
 
@@ -70,9 +30,9 @@ MIXES = [dict(), dict(mask_ratio=0.5, random_ratio=0.5), dict(mask_ratio=1.0, ra
 @pytest.mark.parametrize("static", [True, False])
 @pytest.mark.parametrize("mix", range(len(MIXES)))
 def test_the_steps_masks_are_the_loaders_bit_for_bit(static, mix):
-    data = instances(60, 40)
-    collator = MaskingCollator(_Tokenizer(), max_predictions_per_seq=6, **MIXES[mix])
-    masked, shipped, masker = loaders(data, collator, static)
+    data = ids_instances(60, 40)
+    collator = MaskingCollator(IdsTokenizer(), max_predictions_per_seq=6, **MIXES[mix])
+    masked, shipped, masker = mask_loaders(data, collator, static)
     for micro, rows in ((0, [0, 5, 17, 33]), (3, [59, 1, 2, 40]), (11, [20, 21, 22, 58])):
         expected, counts = masked[micro, rows]
         ids, shipped_counts = shipped[micro, rows]
@@ -83,12 +43,12 @@ def test_the_steps_masks_are_the_loaders_bit_for_bit(static, mix):
 
 
 def test_a_left_to_right_phase_split_data_and_full_rows_follow():
-    collator = MaskingCollator(_Tokenizer(), max_predictions_per_seq=6)
-    split = instances(60, 30).train_test_split(test_size=0.2, seed=1)["train"]  # read through its indices mapping
+    collator = MaskingCollator(IdsTokenizer(), max_predictions_per_seq=6)
+    split = ids_instances(60, 30).train_test_split(test_size=0.2, seed=1)["train"]  # read through its indices mapping
     assert split._indices is not None
     for data, causal, static in ((split, True, True), (split, True, False), (split, False, True),
-                                 (instances(30, 24, full=True), False, True), (instances(30, 24, full=True), True, True)):
-        masked, shipped, masker = loaders(data, collator, static, causal=causal, first_step=500)
+                                 (ids_instances(30, 24, full=True), False, True), (ids_instances(30, 24, full=True), True, True)):
+        masked, shipped, masker = mask_loaders(data, collator, static, causal=causal, first_step=500)
         for micro, rows in ((0, [0, 1, 2]), (7, [10, 3, 8])):
             expected, counts = masked[micro, rows]
             ids, shipped_counts = shipped[micro, rows]
@@ -99,14 +59,14 @@ def test_a_left_to_right_phase_split_data_and_full_rows_follow():
 
 
 def test_the_masker_reads_nothing_on_the_host_and_whole_words_stay_in_the_loader():
-    collator = MaskingCollator(_Tokenizer(), max_predictions_per_seq=6)
-    _, shipped, masker = loaders(instances(30, 32), collator, True)
+    collator = MaskingCollator(IdsTokenizer(), max_predictions_per_seq=6)
+    _, shipped, masker = mask_loaders(ids_instances(30, 32), collator, True)
     ids, _ = shipped[4, [3, 4, 5, 6]]
     masker(ids)  # the special ids and the pool are copied to the device once, before a capture
     with no_host_sync():
         masker(ids)
     with pytest.raises(ValueError, match="whole-word masking cannot be made inside the step"):
-        StepMasker(MaskingCollator(_Tokenizer(), whole_word_mask=True), 0, True, 6)
+        StepMasker(MaskingCollator(IdsTokenizer(), whole_word_mask=True), 0, True, 6)
 
 
 def test_segments_the_step_cannot_rebuild_are_refused_by_instance():
@@ -121,9 +81,9 @@ def test_a_batch_is_one_indexed_read_of_a_large_table(report):
     """The loader's cost per 128 x 128 batch: the ids-only read against the loader that pads and masks."""
     import time
 
-    data = instances(3000, 128, seed=3)
-    collator = MaskingCollator(_Tokenizer(), max_predictions_per_seq=20)
-    masked, shipped, _ = loaders(data, collator, True, accumulation=1, world=1, rank=0)
+    data = ids_instances(3000, 128, seed=3)
+    collator = MaskingCollator(IdsTokenizer(), max_predictions_per_seq=20)
+    masked, shipped, _ = mask_loaders(data, collator, True, accumulation=1, world=1, rank=0)
     rng = np.random.default_rng(0)
     keys = [(k, rng.choice(len(data), 128, replace=False).tolist()) for k in range(20)]
     took = {}

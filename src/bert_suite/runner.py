@@ -29,7 +29,7 @@ import transformers
 from transformers import Trainer, TrainerCallback, TrainingArguments
 from transformers.trainer_utils import get_last_checkpoint
 
-from . import __version__, adapters
+from . import __version__, adapters, finetune_step
 from .adapters import TaskAdapter, split_file_stem
 from .allocator import tune as tune_allocator
 from .cards import CARD_FILE, TaskCard, save_card
@@ -98,6 +98,10 @@ def _reorder(values, inverse):
     return values[inverse] if getattr(values, "ndim", 0) and len(values) == len(inverse) else values
 
 
+def _no_op(*args, **kwargs):
+    return None
+
+
 class SuiteTrainer(Trainer):
     """Trainer whose evaluation and prediction run over examples sorted by length (outputs, and
     what compute_metrics sees, come back in the dataset's order), whose `group_by_length`
@@ -109,6 +113,54 @@ class SuiteTrainer(Trainer):
     _eval_orders: dict | None = None  # dataset fingerprint -> length order (per-epoch evaluation reuses it)
     _evaluated: dict | None = None  # metric prefix -> (global step, EvalLoopOutput, inverse order)
     _flops_per_token: int | None = None
+    _step = None  # the captured step (bert_suite.finetune_step) once chosen; False: the Trainer's own
+    _grad_norm = None
+
+    def _captured_step(self, model):
+        """The captured step for this run, made at its first step, or None where the Trainer's own step runs (one
+        line says why when the captured one was asked for and cannot run)."""
+        if self._step is None:
+            self._step = False
+            device = self.args.device.type
+            if finetune_step.wanted(device):
+                problem = finetune_step.captured_step_problem(self.args, model, self.optimizer)
+                if problem:
+                    print(f"captured step: off, {problem}; the Trainer's step runs", file=sys.stderr, flush=True)
+                else:
+                    if device == "cuda":
+                        finetune_step.make_capturable(self.optimizer)
+                        if not self.args.torch_compile:  # --torch_compile: the Trainer compiled the whole model
+                            finetune_step.compile_encoder(self.accelerator.unwrap_model(model))
+                    self._step = finetune_step.FinetuneStep(self.accelerator, model, self.optimizer,
+                                                            self.args.max_grad_norm, graph=device == "cuda")
+                    # the step zeroes the gradients itself, and a graph writes into the same tensors: the Trainer's
+                    # zero_grad (set_to_none) and optimizer.step (already taken) must leave them be
+                    model.zero_grad = _no_op
+                    self.optimizer.step = _no_op
+        return self._step or None
+
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        step = self._captured_step(model)
+        if step is None:
+            return super().training_step(model, inputs, num_items_in_batch)
+        model.train()
+        loss = step.step(self._prepare_inputs(inputs))
+        self._grad_norm = step.grad_norm
+        return loss
+
+    def _clip_grad_norm(self, model):
+        return self._grad_norm if self._step else super()._clip_grad_norm(model)
+
+    def _get_grad_norm(self, model, grad_norm=None):
+        return self._grad_norm if self._step else super()._get_grad_norm(model, grad_norm)
+
+    def _get_learning_rate(self):
+        """The learning rate computed on the host where the captured step keeps it on the device (reading the device
+        tensor back would wait for the GPU at every step)."""
+        schedule = self.lr_scheduler
+        if self._step and isinstance(schedule, torch.optim.lr_scheduler.LambdaLR):
+            return float(schedule.base_lrs[0]) * schedule.lr_lambdas[0](schedule.last_epoch)
+        return super()._get_learning_rate()
 
     def evaluation_loop(self, dataloader, description, prediction_loss_only=None, ignore_keys=None,
                         metric_key_prefix="eval"):

@@ -174,6 +174,10 @@ class PretrainingStep:
         if not (torch.is_tensor(self.grad_norm) and self.grad_norm.device == device):
             self.grad_norm = torch.zeros((), device=device)
 
+    def forward(self, batch: dict[str, torch.Tensor], num_items: torch.Tensor):
+        """The model's output on one micro-batch (its `loss` is what the step minimises)."""
+        return self.model(**batch, return_dict=True, num_items_in_batch=num_items, **self.forward_kwargs())
+
     def forward_kwargs(self) -> dict:
         # static: positions given (or, left-to-right, every position), no value read; the CPU path finds them itself
         return {"unpad": False, "masked_positions_only": False} if self.static else {"masked_positions_only": True}
@@ -189,7 +193,7 @@ class PretrainingStep:
         for batch in micro_batches:
             batch = self.make_batch(batch) if self.make_batch is not None else batch
             with accelerator.accumulate(self.model):
-                out = self.model(**batch, return_dict=True, num_items_in_batch=num_items, **self.forward_kwargs())
+                out = self.forward(batch, num_items)
                 accelerator.backward(out.loss)
                 if accelerator.sync_gradients:  # the norm before clipping, logged as the Trainer does
                     self.grad_norm = accelerator.clip_grad_norm_(self.params, self.max_grad_norm)
@@ -276,8 +280,7 @@ class _Captured:
         # they are (no weight decay, no state); the graph keeps a zero gradient buffer for them and leaves them
         # out of its optimizer step alike
         first = owner.make_batch(self.inputs[0]) if owner.make_batch is not None else self.inputs[0]
-        probe = owner.model(**first, return_dict=True, num_items_in_batch=self.num_items,
-                            **owner.forward_kwargs())
+        probe = owner.forward(first, self.num_items)
         reached = torch.autograd.grad(probe.loss, owner.params, allow_unused=True)
         del probe
         self.idle = [p for p, g in zip(owner.params, reached, strict=True) if g is None]
@@ -335,7 +338,7 @@ class _Captured:
         stats_sum: dict[str, torch.Tensor] = {}
         for shipped in self.inputs:
             batch = owner.make_batch(shipped) if owner.make_batch is not None else shipped
-            out = owner.model(**batch, return_dict=True, num_items_in_batch=self.num_items, **owner.forward_kwargs())
+            out = owner.forward(batch, self.num_items)
             (out.loss / parts).backward()  # as accelerate's backward divides by the micro-batches
             add_stats(stats_sum, owner.stats_fn(out, batch))
         if warm_up:

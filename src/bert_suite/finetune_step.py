@@ -1,0 +1,113 @@
+"""The fine-tuning step on a GPU: compiled, and captured as one CUDA graph per batch shape.
+
+On a GPU the Trainer's step is bound by the host: BERT-base on RTE spends about 64 ms of Python and kernel
+launches a step for about 7 ms of GPU work. The pre-training step fixed the same thing by making its step static
+and replaying it as one CUDA graph (`bert_suite.pretraining.step`); fine-tuning takes the same machinery:
+
+- a few shapes: batches are padded to a multiple of 32 tokens (`runner.length_bucket`), so a run sees at most
+  max_seq_length / 32 lengths (and a short last batch);
+- one graph a shape: forward, backward, clipping and the fused AdamW step (a device learning rate the scheduler
+  fills in place) captured on the first batch of each shape, sharing one memory pool, and replayed; nothing on a
+  step reads a value on the host (the Trainer reads the loss and the gradient norm at logging steps only);
+- compiled regions: the embeddings and the encoder layers (one graph serves every layer of a shape).
+
+`SuiteTrainer` uses it where it can run (one CUDA process, AdamW, no fp16 loss scaling, no gradient
+accumulation: `captured_step_problem` says why not, in one line, otherwise) unless BERT_SUITE_CAPTURED_STEP=0.
+On the CPU the same body runs eagerly on the same buffers (BERT_SUITE_CAPTURED_STEP=1, the tests): it gives the
+Trainer's eager losses and weights.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from .pretraining.step import PretrainingStep
+
+SWITCH = "BERT_SUITE_CAPTURED_STEP"  # auto (default): on with CUDA; 1: also on the CPU (the body, no graph); 0: off
+
+
+def loss_stats(out, batch) -> dict[str, torch.Tensor]:
+    """What the step keeps of a micro-batch's output: its loss (the Trainer logs it)."""
+    return {"loss": out.loss.detach().float()}
+
+
+class FinetuneStep(PretrainingStep):
+    """One optimizer step of a fine-tuning model on a batch (the Trainer's forward, backward, clipping and
+    optimizer step), on static buffers, per batch shape: a CUDA graph with `graph`, the same body eagerly
+    without. `__call__(batch)` returns the step's loss (a device tensor); `grad_norm` is its norm before
+    clipping. The model's parameters keep their gradient tensors between steps (the graph writes them)."""
+
+    def __init__(self, accelerator, model, optimizer, max_grad_norm: float, graph: bool):
+        # max_grad_norm 0: no clipping (the Trainer's meaning), where clipping to 0 would zero the gradients
+        super().__init__(accelerator, model, optimizer, max_grad_norm if max_grad_norm > 0 else float("inf"),
+                         static=True, graph=graph, stats_fn=loss_stats)
+        self._one = None
+
+    def forward(self, batch, num_items):
+        return self.model(**batch, return_dict=True)
+
+    def forward_kwargs(self) -> dict:
+        return {}
+
+    def step(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        device = next(iter(batch.values())).device
+        if self._one is None or self._one.device != device:
+            self._one = torch.ones((), device=device)
+        key = tuple((k, tuple(v.shape), v.dtype) for k, v in sorted(batch.items()))
+        if key not in self.captured:
+            from .pretraining.step import _Captured
+
+            self.captured[key] = _Captured(self, [batch], self._one)
+        self.captured[key].replay([batch], self._one)
+        return self.take_totals()["loss"]
+
+
+def captured_step_problem(args, model, optimizer) -> str | None:
+    """Why the captured step cannot run for these TrainingArguments (one line), or None when it can."""
+    if args.gradient_accumulation_steps != 1:
+        return "gradient_accumulation_steps > 1 (the graph holds one batch a step)"
+    if args.fp16:
+        return "fp16 (its loss scaling skips steps from the host); bf16 keeps the captured step"
+    if args.world_size != 1:
+        return f"{args.world_size} processes (a graph holds one process's step)"
+    if getattr(args, "deepspeed", None) or getattr(args, "fsdp", None):
+        return "DeepSpeed or FSDP"
+    inner = getattr(optimizer, "optimizer", optimizer)
+    if type(inner) is not torch.optim.AdamW:
+        return f"the optimizer is {type(inner).__name__} (the captured step takes torch's AdamW)"
+    if any(p.requires_grad and p.is_sparse for p in model.parameters()):
+        return "sparse parameters"
+    return None
+
+
+def wanted(device_type: str) -> bool:
+    """Whether the captured step is asked for on this device (BERT_SUITE_CAPTURED_STEP, default auto)."""
+    value = os.environ.get(SWITCH, "auto").strip().lower()
+    if value not in ("auto", "0", "1", "true", "false"):
+        raise ValueError(f"{SWITCH} must be auto, 1 or 0, got {value!r}")
+    return device_type == "cuda" if value == "auto" else value in ("1", "true")
+
+
+def make_capturable(optimizer) -> None:
+    """AdamW with its step counters and learning rate on the device (a graph replays them); set before the
+    optimizer has any state, as `capturable=True` at construction would."""
+    inner = getattr(optimizer, "optimizer", optimizer)
+    for group in inner.param_groups:
+        group["capturable"] = True
+
+
+def compile_encoder(model, backend: str = "inductor") -> int:
+    """Compile the embeddings and each encoder layer of a bert_suite model in place (fullgraph, static shapes:
+    one graph a bucket, shared by the layers); the head stays eager. Returns the number of regions compiled
+    (0 for a model without them, e.g. a stock BERT)."""
+    bert = getattr(model, "bert", None)
+    if bert is None or not hasattr(bert, "encoder"):
+        return 0
+    regions = [bert.embeddings, *bert.encoder.layer]
+    # a graph per (bucket, batch size, training or evaluation): more than dynamo's default 8 a region
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+    for region in regions:
+        region.compile(backend=backend, fullgraph=True, dynamic=False)
+    return len(regions)

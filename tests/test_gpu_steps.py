@@ -1,0 +1,118 @@
+"""The captured steps on the device (issues 62 and 63): masks made inside a CUDA graph equal the loader's bit for
+bit, and the captured fine-tuning step trains as the eager one without a host sync. Skipped without CUDA, as
+tests/test_gpu.py (`make test-gpu`; BERT_SUITE_TEST_DEVICE=cpu runs the bodies on the CPU without a graph)."""
+
+import contextlib
+import os
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from helpers import PAD, IdsTokenizer, ids_instances, mask_loaders
+
+DEVICE = os.environ.get("BERT_SUITE_TEST_DEVICE", "cuda")  # as tests/test_gpu.py
+CUDA = DEVICE.startswith("cuda")
+on_the_device = pytest.mark.skipif(CUDA and not torch.cuda.is_available(),
+                                   reason="no CUDA device (BERT_SUITE_TEST_DEVICE=cpu runs these checks on the CPU)")
+
+
+@pytest.fixture
+def fp32_matmuls():
+    """Exact fp32 matmuls (no TF32) during the test."""
+    before = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32 = before
+
+
+@contextlib.contextmanager
+def no_sync():
+    """Any host sync in the block is an error on CUDA (nothing on the CPU)."""
+    if not CUDA:
+        yield
+        return
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
+@on_the_device
+def test_masks_made_in_a_captured_graph_equal_the_loaders_on_the_device():
+    from bert_suite.pretraining.masking import MaskingCollator
+
+    collator = MaskingCollator(IdsTokenizer(), max_predictions_per_seq=6, mask_ratio=0.7, random_ratio=0.2)
+    masked, shipped, masker = mask_loaders(ids_instances(90, 48, seed=4), collator, True)
+    keys = [(micro, [micro, micro + 7, micro + 30, micro + 55]) for micro in (0, 5, 13)]
+    first, _ = shipped[keys[0]]
+    buffers = {k: v.to(DEVICE) for k, v in first.items()}
+    masker(buffers)  # the masker's device tensors, before a capture
+    if CUDA:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            made = masker(buffers)
+    for key in keys:
+        ids, _ = shipped[key]
+        if set(ids) != set(buffers):
+            continue  # another batch structure (no padding): another graph in the recipe
+        for name, value in ids.items():
+            buffers[name].copy_(value)
+        if CUDA:
+            with no_sync():
+                graph.replay()
+        else:
+            made = masker(buffers)
+        expected, _ = masked[key]
+        assert sorted(made) == sorted(expected)
+        for name, value in expected.items():
+            assert torch.equal(made[name].cpu(), value), (key, name)
+    assert PAD == 0
+
+
+@on_the_device
+def test_the_captured_finetuning_step_trains_as_the_eager_one_without_a_host_sync(fp32_matmuls):
+    from bert_suite import BertSuiteConfig, BertSuiteForSequenceClassification
+    from bert_suite.finetune_step import FinetuneStep, make_capturable
+
+    def model_and_optimizer():
+        torch.manual_seed(0)
+        model = BertSuiteForSequenceClassification(BertSuiteConfig.from_preset(
+            "tiny", vocab_size=100, num_labels=3, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)).to(DEVICE)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
+        return model, optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1 - step / 10)
+
+    g = torch.Generator().manual_seed(1)
+    batches = []
+    for number in range(6):
+        length = 32 if number % 2 else 64  # two buckets: two graphs sharing one pool
+        lengths = torch.randint(5, length + 1, (8,), generator=g)
+        mask = (torch.arange(length)[None] < lengths[:, None]).long()
+        batches.append({"input_ids": torch.randint(5, 100, (8, length), generator=g) * mask, "attention_mask": mask,
+                        "token_type_ids": torch.zeros(8, length, dtype=torch.long),
+                        "labels": torch.randint(0, 3, (8,), generator=g)})
+    model, optimizer, schedule = model_and_optimizer()
+    eager = []
+    for batch in batches:
+        out = model(**{k: v.to(DEVICE) for k, v in batch.items()})
+        out.loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+        optimizer.step()
+        schedule.step()
+        optimizer.zero_grad()
+        eager.append(float(out.loss))
+    model, optimizer, schedule = model_and_optimizer()
+    if CUDA:
+        make_capturable(optimizer)
+    step = FinetuneStep(SimpleNamespace(num_processes=1, scaler=None), model, optimizer, 0.5, graph=CUDA)
+    losses = []
+    for number, batch in enumerate(batches):
+        batch = {k: v.to(DEVICE) for k, v in batch.items()}
+        with no_sync() if number >= 2 else contextlib.nullcontext():  # both shapes captured by then
+            loss = step.step(batch)
+            schedule.step()
+        losses.append(loss)
+    assert len(step.captured) == 2
+    for ours, theirs in zip(losses, eager, strict=True):
+        assert abs(float(ours) - theirs) < 1e-4, (losses, eager)
