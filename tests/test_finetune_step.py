@@ -151,3 +151,25 @@ def test_the_captured_steps_body_trains_as_the_trainers_step(tmp_path, monkeypat
     assert cli_main(["finetune", "rte", *run_args(data, tmp_path / "accumulated", "--num_train_epochs", "1",
                                                    "--gradient_accumulation_steps", "2")]) == 0
     assert "captured step: off, gradient_accumulation_steps > 1" in capsys.readouterr().err
+
+
+@pytest.mark.slow  # compilation: 16 s on 2 cores
+def test_a_workers_later_trials_reuse_the_first_ones_compiled_regions():
+    """Each grid trial loads a fresh model; the compiled embeddings and layers of the first trial's shapes serve the
+    next trials' (dynamo guards on the modules' code and shapes, not on the instances): a trial's fixed cost is not
+    a new compilation."""
+    from torch._dynamo.testing import CompileCounter
+
+    from bert_suite.finetune_step import compile_encoder
+
+    counter, compiled = CompileCounter(), []
+    for trial in range(2):
+        torch.manual_seed(trial)
+        model = BertSuiteForSequenceClassification(BertSuiteConfig.from_preset("tiny", vocab_size=100, num_labels=2,
+                                                                                unpad_inputs=False))
+        assert compile_encoder(model, backend=counter) == 1 + model.config.num_hidden_layers
+        for length in (32, 64) if trial == 0 else (64,):  # the second trial: a bucket the first compiled
+            ids = torch.randint(5, 100, (4, length))
+            model(input_ids=ids, attention_mask=torch.ones_like(ids), labels=torch.zeros(4, dtype=torch.long)).loss.backward()
+        compiled.append(counter.frame_count)
+    assert compiled[0] > 0 and compiled == [compiled[0]] * 2, compiled
