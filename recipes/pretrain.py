@@ -39,6 +39,7 @@ from tqdm.auto import tqdm
 from transformers import get_linear_schedule_with_warmup
 
 from bert_suite import BertSuiteConfig, BertSuiteForPreTraining
+from bert_suite.modeling_bert_suite import residual_in_autocast_dtype
 from bert_suite.allocator import tune as tune_allocator
 from bert_suite.distributed import launched_processes, needs_cpu_group
 from bert_suite.faults import failpoint
@@ -241,6 +242,10 @@ def main(argv=None):
         if biphasic:
             add_nsp_head(model, cfg.seed)
     positions = model.config.max_position_embeddings
+    # the residual stream in bf16 under autocast (auto: on with CUDA); nothing changes in an fp32 run
+    low_precision_residual = resolve_switch(cfg.bf16_residual, accelerator.device.type) and \
+        accelerator.mixed_precision in ("bf16", "fp16")
+    residual_in_autocast_dtype(model, low_precision_residual)
     phase_data = [load_instances(cfg.train_data, positions, "train_data")]
     if cfg.train_data_phase2:
         phase_data.append(load_instances(cfg.train_data_phase2, positions, "train_data_phase2"))
@@ -353,7 +358,8 @@ def main(argv=None):
 
     accelerator.print(precision.describe())
     form = ", ".join(n for n, on in (("static", static), ("compiled", compiled), ("CUDA graph", graph),
-                                     ("masks made in the step", in_step)) if on)
+                                     ("masks made in the step", in_step),
+                                     ("bf16 residual stream", low_precision_residual)) if on)
     accelerator.print(f"world size {accelerator.num_processes} ({accelerator.distributed_type.value}, "
                       f"{accelerator.device.type}): global batch {accelerator.num_processes} x "
                       f"{cfg.gradient_accumulation_steps} x {cfg.per_device_train_batch_size}; step: {form or 'eager'}")
@@ -426,6 +432,7 @@ def main(argv=None):
         results = {"step": step, "config": vars(cfg), **precision.record(), **memory,
                    "step_form": {"static_shapes": static, "torch_compile": compiled, "cuda_graph": graph},
                    "mask_in_step_phases": [phase + 1 for phase in sorted(tables)],
+                   "bf16_residual": low_precision_residual,
                    "objectives": cfg.objectives(),
                    **({"started_from": json.loads((out / "started_from.json").read_text())}
                       if (out / "started_from.json").is_file() else {}),

@@ -417,3 +417,34 @@ def test_trainingarguments_bf16_alone_trains_in_bf16_on_a_cpu(tmp_path, capsys):
     assert "precision: bf16 autocast (--bf16" in capsys.readouterr().err
     manifest = json.loads((tmp_path / "run" / "run_manifest.json").read_text())
     assert manifest["precision"] == "bf16 autocast" and manifest["training_arguments"]["bf16"] is True
+
+
+def test_a_bf16_residual_stream_under_autocast_leaves_fp32_runs_unchanged():
+    """`residual_in_autocast_dtype`: under bf16 autocast the layers hand on bf16 (half the bytes between the
+    matmuls) and the loss moves by bf16 rounding only; without autocast the outputs are the same bits."""
+    from bert_suite import BertSuiteConfig, BertSuiteForPreTraining
+    from bert_suite.modeling_bert_suite import residual_in_autocast_dtype
+
+    torch.manual_seed(0)
+    model = BertSuiteForPreTraining(BertSuiteConfig.from_preset("tiny", vocab_size=120, hidden_dropout_prob=0.0,
+                                                                attention_probs_dropout_prob=0.0)).eval()
+    ids = torch.randint(5, 120, (4, 24))
+    labels = torch.where(torch.rand(4, 24) < 0.15, ids, -100)
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels,
+             "next_sentence_label": torch.tensor([0, 1, 0, 1])}
+    seen = []
+    model.bert.encoder.layer[0].register_forward_hook(lambda module, args, out: seen.append(
+        (out[0] if isinstance(out, tuple) else out).dtype))
+
+    def run(on: bool, autocast: bool):
+        assert residual_in_autocast_dtype(model, on) == 1 + 2 * model.config.num_hidden_layers
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            return model(**batch, unpad=False)
+
+    plain, low = run(False, False), run(True, False)
+    assert torch.equal(plain.prediction_logits, low.prediction_logits) and seen == [torch.float32] * 2
+    seen.clear()
+    fp32_residual, bf16_residual = run(False, True), run(True, True)
+    assert seen == [torch.float32, torch.bfloat16]
+    assert abs(float(bf16_residual.loss) - float(fp32_residual.loss)) < 0.02 * float(fp32_residual.loss)
+    assert abs(float(bf16_residual.loss) - float(plain.loss)) < 0.02 * float(plain.loss)

@@ -75,6 +75,9 @@ class PretrainConfig:
     # length and the NSP label: one indexed read a batch), the same masks bit for bit; auto: on with CUDA.
     # Whole-word masks and masks made offline (pretrain-data --static_masking) stay in the loader
     mask_in_step: bool | str = "auto"
+    # under bf16 autocast, the residual stream in bf16 (each LayerNorm computes in fp32 inside and hands on bf16)
+    # instead of fp32: half the bytes for the elementwise work between the matmuls; auto: on with CUDA
+    bf16_residual: bool | str = "auto"
     # --- bookkeeping
     output_dir: str = "runs/pretrain"
     seed: int = 42
@@ -257,7 +260,7 @@ def validate(cfg: PretrainConfig, source: str) -> PretrainConfig:
     if isinstance(cfg.dataloader_num_workers, str) and cfg.dataloader_num_workers != "auto" \
             or isinstance(cfg.dataloader_num_workers, int) and cfg.dataloader_num_workers < 0:
         bad("dataloader_num_workers", "must be auto or a number of processes (0: the main process)")
-    for key in ("static_shapes", "torch_compile", "cuda_graph", "mask_in_step"):
+    for key in ("static_shapes", "torch_compile", "cuda_graph", "mask_in_step", "bf16_residual"):
         if isinstance(getattr(cfg, key), str) and getattr(cfg, key) != "auto":
             bad(key, "must be auto, true or false")
     for key in ("torch_compile", "cuda_graph"):
