@@ -261,10 +261,11 @@ GRID_AXES = {"learning_rate": "--learning_rates", "per_device_train_batch_size":
 
 
 def _grid(args: argparse.Namespace, rest: list[str]) -> None:
-    from .grid import run_grid, search_space
+    from .grid import run_grid, run_workers, search_space, worker_devices
     from .runner import training_precision
 
     overrides = _training_overrides(rest)  # flags first: a typo must not wait on the network
+    workers = [] if args.grid_worker else worker_devices(args.gpus, args.workers_per_gpu)
     from .distributed import launched_processes
 
     if launched_processes() > 1:
@@ -274,7 +275,8 @@ def _grid(args: argparse.Namespace, rest: list[str]) -> None:
     owned = [f"--{name} (use {flag})" for name, flag in GRID_AXES.items() if name in overrides]
     if owned:  # the grid would overwrite it with its own values
         raise ValueError(f"{', '.join(owned)}: the grid sets this for every trial; give its values with the grid flag")
-    _check_push(args, card)
+    if not args.grid_worker:  # the process that started the workers checked it
+        _check_push(args, card)
     _model_flags(args, card)
     output_dir = args.output_dir or f"runs/{card.name}-grid"
     precision = training_precision(overrides, args.precision)
@@ -284,11 +286,20 @@ def _grid(args: argparse.Namespace, rest: list[str]) -> None:
     space = search_space(card, args.grid, learning_rate=args.learning_rates,
                          per_device_train_batch_size=args.batch_sizes, num_train_epochs=args.epochs, seed=args.seeds,
                          lora_r=args.lora_ranks)
+    if workers:  # every check above has passed: the workers run the points, this process then writes the report
+        try:
+            run_workers(args.argv, workers)
+        except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM/SIGHUP (grid.Stopped): every worker was stopped
+            print(f"bert-suite grid: {str(stop) or 'interrupted'}; its workers were stopped; rerun the same command to "
+                  "resume (finished trials are kept)", file=sys.stderr)
+            raise SystemExit(getattr(stop, "code", 130)) from None
     result = run_grid(card, args.model, output_dir, args.data_dir, args.tokenizer, args.max_seq_length, space,
                       args.storage, args.keep_all, overrides,
                       max_samples={"train": args.max_train_samples, "eval": args.max_eval_samples},
                       heartbeat_interval=args.heartbeat_interval, grace_period=args.grace_period,
-                      name=args.study_name, precision=precision, lora=lora)
+                      name=args.study_name, precision=precision, lora=lora, report=not args.grid_worker)
+    if args.grid_worker:
+        return
     print(Path(result["files"]["grid_results.md"]).read_text() if "grid_results.md" in result["files"] else result)
     test_scores = {}
     if result["best"] is not None:

@@ -7,20 +7,26 @@ same command skips finished trials. A trial whose process died (killed, crashed,
 recognised by its worker record (this host, a process that no longer exists) and run again under
 its own trial number, before any new one, so a grid interrupted at any moment ends with the same
 results table as an uninterrupted one (docs/RELIABILITY.md). Data are tokenised once for the whole
-grid.
+grid. `--workers_per_gpu K --gpus ...` starts K such workers per GPU itself (`run_workers`) and writes the
+report once they are done. A trial that cannot beat the best finished one writes no checkpoint.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import itertools
 import json
 import math
 import os
 import random
+import re
 import shutil
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 import warnings
@@ -478,6 +484,7 @@ def trial_records(study: optuna.Study) -> list[dict]:
             "metrics": t.user_attrs.get("metrics", {}),
             "history": t.user_attrs.get("history", []),
             "train_runtime": t.user_attrs.get("train_runtime"),
+            "device": t.user_attrs.get("device"),
         })
     return records
 
@@ -486,7 +493,8 @@ def run_grid(card: TaskCard, model: str, output_dir: str, data_dir: str | None =
              max_seq_length: int | None = None, space: dict[str, list] | None = None, storage: str | None = None,
              keep_all: bool = False, overrides: dict | None = None, max_samples: dict | None = None,
              heartbeat_interval: int = HEARTBEAT_INTERVAL, grace_period: int = GRACE_PERIOD,
-             name: str | None = None, precision: Precision | None = None, lora: LoraSettings | None = None) -> dict:
+             name: str | None = None, precision: Precision | None = None, lora: LoraSettings | None = None,
+             report: bool = True) -> dict:
     """Run every grid point not yet finished; keep the best checkpoint in output_dir/best; write
     the report. Returns {"best": record or None, "records": [...], "files": {...}}.
 
@@ -496,9 +504,11 @@ def run_grid(card: TaskCard, model: str, output_dir: str, data_dir: str | None =
     same final report. A worker that dies is noticed by its heartbeat (every `heartbeat_interval` s):
     after `grace_period` s without one its trial is marked failed and its point enqueued again for
     any worker; on its own host a dead worker's trial is taken up at once, under its own number.
-    `name` is the study's (default: the task and a digest of the grid). `precision` (default: resolved
-    from `overrides`, i.e. auto: bf16 autocast where the CPU has it) applies to every trial and is
-    recorded in run_manifest.json."""
+    A trial that cannot beat the best finished one when it ends writes no checkpoint (unless `keep_all`).
+    `report=False` (a worker that `run_workers` started): the points only, no report and no best/ (the
+    process that started the workers writes them once they are done). `name` is the study's (default:
+    the task and a digest of the grid). `precision` (default: resolved from `overrides`, i.e. auto: bf16
+    autocast where the CPU has it) applies to every trial and is recorded in run_manifest.json."""
     if grace_period <= heartbeat_interval:
         raise RunError(f"--grace_period ({grace_period} s) must be longer than --heartbeat_interval "
                        f"({heartbeat_interval} s), or live workers would be taken for dead")
@@ -517,14 +527,15 @@ def run_grid(card: TaskCard, model: str, output_dir: str, data_dir: str | None =
         study = open_study(storage, name, _GridSampler(space, seed=0), heartbeat_interval, grace_period)
         check_study_grid(study, grid, storage)
         return _run_points(study, storage, card, model, out, data_dir, tokenizer, max_seq_length, space, keep_all,
-                           overrides, max_samples, heartbeat_interval, precision, lora)
+                           overrides, max_samples, heartbeat_interval, precision, lora, report)
 
 
 def _run_points(study, storage, card, model, out, data_dir, tokenizer, max_seq_length, space, keep_all, overrides,
-                max_samples, heartbeat_interval, precision, lora=None) -> dict:
+                max_samples, heartbeat_interval, precision, lora=None, report=True) -> dict:
     points = set(itertools.product(*space.values()))
     enqueue_points(study, space)
     metric = selection_key(card)
+    device = _device_label(overrides)
     prepared = bar = None
     while True:
         done = {_point(r) for r in trial_records(study) if _point(r) in points}
@@ -562,7 +573,7 @@ def _run_points(study, storage, card, model, out, data_dir, tokenizer, max_seq_l
         trial_dir = out / "trials" / f"trial-{trial.number:03d}"
         # what a reader of the study (optuna-dashboard, `bert-suite dashboard`) needs beside the parameters
         for key, value in (("task", card.name), ("metric", metric), ("seed", params["seed"]),
-                           ("run_folder", str(trial_dir.resolve()))):
+                           ("run_folder", str(trial_dir.resolve())), ("device", device)):
             trial.set_user_attr(key, value)
         if orphans:
             tqdm.write(f"[grid] trial {trial.number} {params} was interrupted: running it again")
@@ -571,8 +582,11 @@ def _run_points(study, storage, card, model, out, data_dir, tokenizer, max_seq_l
             hparams = {k: v for k, v in params.items() if k != LORA_AXIS}  # the rest are TrainingArguments
             args = training_arguments(card, str(trial_dir), {**(overrides or {}), **hparams})
             trial_lora = lora.with_rank(params[LORA_AXIS]) if lora is not None and LORA_AXIS in params else lora
+            # a trial behind the best finished one writes no checkpoint: it could never be kept (a grid of 72
+            # BERT-large trials would otherwise write 72 x 1.3 GB to delete all but one)
+            keep = None if keep_all else functools.partial(_would_be_best, study, metric, trial.number, params)
             result = train_and_evaluate(prepared, model, args, save_to=trial_dir / "checkpoint", lora=trial_lora,
-                                        callbacks=[_EpochReporter(trial, metric)])
+                                        callbacks=[_EpochReporter(trial, metric)], keep=keep)
             failpoint("grid.trial_trained")
             value = result["metrics"].get(metric)
             # a diverged model can still score (argmax of NaN logits), so every loss is checked too
@@ -600,7 +614,7 @@ def _run_points(study, storage, card, model, out, data_dir, tokenizer, max_seq_l
             trial.set_user_attr(key, json.loads(json.dumps(result[key], default=float)))
         study.tell(trial, value)
         failpoint("grid.trial_told")
-        _keep_if_best(study, trial.number, trial_dir, out, keep_all)
+        _keep_if_best(study, metric, trial.number, trial_dir, out, keep_all)
         write_manifest(out / "run_manifest.json", prepared, model, data_dir, args,
                        {"grid": space, "study_storage": storage.split("///")[0] + "///...", "study_name": study.study_name,
                         "selection": metric,
@@ -608,24 +622,72 @@ def _run_points(study, storage, card, model, out, data_dir, tokenizer, max_seq_l
                         **({"lora": lora_record(lora, space)} if lora else {})})
     if bar is not None:
         bar.close()
+    if not report:
+        return {"best": None, "records": trial_records(study), "files": {}}
     _drop_leftovers(study)
     records = trial_records(study)
     files = write_grid_report(records, metric, out, task=card.name, paper=card.paper or None)
     best = select_best(records, metric)
     if best is not None:
-        _finish_best(out, best, records, keep_all)
+        with _best_lock(out):
+            _finish_best(out, best, records, keep_all)
         atomic_write_text(out / "best_trial.json", json.dumps(best, indent=2, default=float))
     return {"best": best, "records": records, "files": files}
 
 
-def _keep_if_best(study: optuna.Study, number: int, trial_dir: Path, out: Path, keep_all: bool) -> None:
-    """Move (or copy, with keep_all) the trial's checkpoint to out/best when it is the best so far."""
+def _device_label(overrides: dict) -> str:
+    """Where this worker trains, as a trial records it (`device`): `cuda:0 NVIDIA H100 ... (CUDA_VISIBLE_DEVICES=3)`,
+    `cpu`; the worker's CUDA_VISIBLE_DEVICES is named whenever it is set."""
+    import torch
+
+    label = "cpu"
+    if torch.cuda.is_available() and not overrides.get("use_cpu"):
+        label = f"cuda:{torch.cuda.current_device()} {torch.cuda.get_device_name()}"
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    return label + (f" (CUDA_VISIBLE_DEVICES={visible})" if visible is not None else "")
+
+
+def _would_be_best(study: optuna.Study, metric: str, number: int, params: dict, metrics: dict) -> bool:
+    """Whether trial `number` with these final `metrics` would be the grid's best among the trials finished now,
+    as `select_best` chooses (the highest score; a tie goes to the lower trial number, e.g. a dead worker's
+    trial run again after a later one finished). A score that cannot be ranked (missing, NaN) is never best."""
+    value = metrics.get(metric)
+    if not isinstance(value, (int, float)) or not math.isfinite(value):
+        return False
+    mine = {"trial": number, **params, "state": "complete", "metrics": {metric: float(value)}}
+    others = [r for r in trial_records(study) if r["trial"] != number and _point(r) != _point(params)]
+    return select_best([*others, mine], metric) is mine
+
+
+@contextlib.contextmanager
+def _best_lock(out: Path):
+    """One worker at a time decides and installs out/best (workers started by `run_workers` share the folder):
+    an exclusive lock on the folder's .grid_workers directory (held by no one else), which the kernel drops
+    if the worker dies."""
+    import fcntl
+
+    folder = out / ".grid_workers"
+    folder.mkdir(parents=True, exist_ok=True)
+    handle = os.open(folder, os.O_RDONLY)  # a directory, opened to lock it: nothing is written
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(handle)  # releases the lock
+
+
+def _keep_if_best(study: optuna.Study, metric: str, number: int, trial_dir: Path, out: Path, keep_all: bool) -> None:
+    """Move (or copy, with keep_all) the trial's checkpoint to out/best when it is the best so far (as
+    `select_best` picks it, read from the study now: another worker's trial may have finished meanwhile);
+    otherwise drop it, unless keep_all. A trial told it could not be kept wrote none."""
     checkpoint = trial_dir / "checkpoint"
-    best = study.best_trial
-    if best.number == number:
-        _install_best(out, checkpoint, {"trial": number, **best.params}, keep_all)
-    elif not keep_all:
-        shutil.rmtree(checkpoint, ignore_errors=True)
+    with _best_lock(out):
+        best = select_best(trial_records(study), metric)
+        if best is not None and best["trial"] == number:
+            if (checkpoint / TASK_SETTINGS_FILE).is_file():  # written last by train_and_evaluate: complete
+                _install_best(out, checkpoint, {"trial": number, **{a: best[a] for a in axes_of(best)}}, keep_all)
+        elif not keep_all:
+            shutil.rmtree(checkpoint, ignore_errors=True)
 
 
 def _install_best(out: Path, checkpoint: Path, marker: dict, copy: bool) -> None:
@@ -665,3 +727,209 @@ def _finish_best(out: Path, best: dict, records: list[dict], keep_all: bool) -> 
         for r in records:
             if r["trial"] != best["trial"]:
                 shutil.rmtree(out / "trials" / f"trial-{r['trial']:03d}" / "checkpoint", ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------------------- worker processes
+# `bert-suite grid --workers_per_gpu K --gpus ...` starts K workers per GPU itself. Every process it starts runs
+# in a process group of its own, so that stopping it stops all they started (data-loader workers included); the
+# same helpers start and stop the processes of an ablation study (ablation/launch.py).
+
+STOP_GRACE = 20  # seconds a stopped group has to exit on SIGTERM before SIGKILL
+FAKE_GPUS = "BERT_SUITE_FAKE_GPUS"  # tests only: =1 lets --gpus name devices on a machine without CUDA (the
+# workers get CUDA_VISIBLE_DEVICES=<id> and train on the CPU), so the launcher is tested on any machine
+
+
+class Stopped(KeyboardInterrupt):
+    """The process was sent SIGTERM or SIGHUP: it stops as on Ctrl-C, stopping what it started."""
+
+    def __init__(self, signum: int):
+        super().__init__(f"stopped by {signal.Signals(signum).name}")
+        self.code = 128 + signum
+
+
+@contextlib.contextmanager
+def stopping():
+    """SIGTERM and SIGHUP (a closed terminal) raise Stopped in the main thread while the block runs, so its
+    `finally`s run: the processes it started are stopped with their groups."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, frame):
+        raise Stopped(signum)
+
+    before = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)
+
+
+def start(cmd: list[str], log, env: dict, die_with_parent: bool = False) -> subprocess.Popen:
+    """`cmd` in a process group of its own (in this session: a niced study's recipe stays niced, as a new
+    session would start a scheduler group of its own), its output in the open file `log` (or a pipe:
+    subprocess.PIPE). `die_with_parent`: the kernel sends it SIGTERM when this process dies, however it dies
+    (Linux), so not even a SIGKILL of this process leaves it running."""
+    preexec = None
+    if die_with_parent and sys.platform.startswith("linux"):
+        import ctypes
+
+        prctl, parent = ctypes.CDLL(None, use_errno=True).prctl, os.getpid()  # bound here: the child runs no import
+
+        def preexec():
+            prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
+            if os.getppid() != parent:  # the parent died before the line above: nobody would stop this one
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, process_group=0, preexec_fn=preexec)
+
+
+def stop_group(child: subprocess.Popen, grace: float | None = None) -> None:
+    """SIGTERM to the child's whole group, then wait for every process in it (SIGKILL after `grace` seconds)."""
+    grace = STOP_GRACE if grace is None else grace
+    group = child.pid
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(group, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        child.wait(timeout=grace)
+    while group_alive(group):  # the leader's children (the recipe, its loader workers) outlive it by a moment
+        if time.monotonic() > deadline:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(group, signal.SIGKILL)
+            deadline = float("inf")
+        time.sleep(0.05)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        child.wait(timeout=5)
+
+
+def group_alive(group: int) -> bool:
+    """Whether any process of the process group is left."""
+    try:
+        os.killpg(group, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
+def worker_devices(gpus: str | None, workers_per_gpu: int | None) -> list[tuple[str, str]]:
+    """The workers --gpus and --workers_per_gpu ask for, as (name, CUDA_VISIBLE_DEVICES value): K per GPU, GPU by
+    GPU (`gpu0.w0`, `gpu0.w1`, `gpu1.w0`, ...). --gpus numbers devices as torch does here (default: every one,
+    torch.cuda.device_count()); under a CUDA_VISIBLE_DEVICES of this process, device i is its i-th entry. [] when
+    neither flag is given, or --workers_per_gpu 1 on a machine without CUDA: the command is then the one worker.
+    Anything else without CUDA is refused: the workers would share the CPU, whose cores one worker already uses."""
+    if gpus is None and workers_per_gpu is None:
+        return []
+    per_gpu = 1 if workers_per_gpu is None else workers_per_gpu
+    if per_gpu < 1:
+        raise RunError(f"--workers_per_gpu must be at least 1, got {per_gpu}")
+    ids: list[int] | None = None
+    if gpus is not None:
+        words = [w.strip() for w in gpus.split(",")]
+        if not all(w.isdigit() for w in words) or len(set(map(int, words))) != len(words):
+            raise RunError(f"--gpus {gpus}: expected distinct CUDA device numbers separated by commas, such as 0,1")
+        ids = [int(w) for w in words]
+    import torch
+
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    fake = os.environ.get(FAKE_GPUS) == "1"
+    if count == 0 and not (fake and ids):
+        if ids is None and per_gpu == 1:
+            return []
+        given = f"--gpus {gpus}" if gpus is not None else f"--workers_per_gpu {per_gpu}"
+        raise RunError(f"{given}: no CUDA device is visible here (torch.cuda.device_count() is 0); expected a machine "
+                       "with GPUs. On the CPU one worker uses every core; to share a grid between machines, start "
+                       "`bert-suite grid` on each with the same --storage (docs/scaling-out.md)")
+    if ids is None:
+        ids = list(range(count))
+    elif not fake and max(ids) >= count:
+        raise RunError(f"--gpus {gpus}: there is no CUDA device {max(ids)} here; expected numbers from 0 to "
+                       f"{count - 1} (torch.cuda.device_count() is {count})")
+    visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+    return [(f"gpu{i}.w{k}", visible[i] if not fake and i < len(visible) else str(i))
+            for i in ids for k in range(per_gpu)]
+
+
+def worker_command(argv: list[str]) -> list[str]:
+    """A started worker's command line: `python -m bert_suite` with the grid's arguments, minus --workers_per_gpu
+    and --gpus, plus the hidden --grid_worker (it runs points, and leaves the report to the process that started
+    it)."""
+    kept, skip = [], False
+    for word in argv:
+        if skip:
+            skip = False
+        elif word in ("--workers_per_gpu", "--gpus"):
+            skip = True
+        elif not word.startswith(("--workers_per_gpu=", "--gpus=")):
+            kept.append(word)
+    return [sys.executable, "-m", "bert_suite", *kept, "--grid_worker"]
+
+
+def run_workers(argv: list[str], workers: list[tuple[str, str]]) -> None:
+    """Start a grid worker (`worker_command(argv)`) per entry of `workers`, each seeing only its GPU
+    (CUDA_VISIBLE_DEVICES), and wait for them all. Their output comes here, each line prefixed with the worker's
+    name (`[gpu0.w1] ...`). Ctrl-C, SIGTERM or SIGHUP of this process stops every worker's process group (and the
+    kernel stops them should this process be killed outright) before Stopped/KeyboardInterrupt goes on; a trial
+    they were running is run again when the command is rerun. A worker that fails is a RunError naming it, once
+    all have ended (the others go on: they take over a dead worker's trial)."""
+    cmd = worker_command(argv)
+    env = {**os.environ, "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1"), "TOKENIZERS_PARALLELISM": "false"}
+    if "OMP_NUM_THREADS" not in os.environ:  # a share of the cores each (collation, tokenising), not all of them each
+        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // len(workers)))
+    lock, started, relays = threading.Lock(), [], []
+    with stopping():
+        try:
+            for name, device in workers:  # all started before the relay threads: start's preexec runs in a fork
+                child = start(cmd, subprocess.PIPE, {**env, "CUDA_VISIBLE_DEVICES": device}, die_with_parent=True)
+                started.append((name, child))
+            for name, child in started:
+                relays.append(threading.Thread(target=_relay, args=(child.stdout, f"[{name}] ".encode(), lock),
+                                               daemon=True, name=f"relay-{name}"))
+                relays[-1].start()
+            print(f"[grid] {len(started)} workers, their lines prefixed [gpuN.wK]: " + ", ".join(
+                f"{name} (CUDA_VISIBLE_DEVICES={device}, pid {child.pid})"
+                for (name, device), (_, child) in zip(workers, started, strict=True)), file=sys.stderr, flush=True)
+            while any(child.poll() is None for _, child in started):
+                time.sleep(0.2)  # not a blocking wait: a signal must reach the handler of `stopping`
+        except BaseException:
+            for _, child in started:  # all at once, then wait for each
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(child.pid, signal.SIGTERM)
+            for _, child in started:
+                stop_group(child)
+            raise
+        finally:
+            for relay in relays:
+                relay.join(timeout=5)
+    failed = [f"{name} ({f'exit status {code}' if code > 0 else f'killed by {signal.Signals(-code).name}'})"
+              for name, child in started if (code := child.returncode)]
+    if failed:
+        raise RunError(f"{len(failed)} of {len(started)} grid workers failed: {', '.join(failed)} (their lines above "
+                       "are prefixed with their names); the report is not written: fix the cause and rerun the same "
+                       "command (finished trials are kept)")
+
+
+def _relay(stream, prefix: bytes, lock: threading.Lock) -> None:
+    """Copy a worker's output to this process's stdout, each line (or progress-bar repaint, ended by \\r) after
+    `prefix`, whole lines at a time so that workers' lines never mix."""
+    out = getattr(sys.stdout, "buffer", None)
+    pending = b""
+    for chunk in iter(lambda: stream.read1(1 << 16), b""):
+        *lines, pending = re.split(rb"(?<=[\r\n])", pending + chunk)
+        _write(out, b"".join(prefix + line if line.strip() else line for line in lines), lock)  # blanks: as they are
+    if pending:
+        _write(out, prefix + pending + b"\n", lock)
+    stream.close()
+
+
+def _write(out, data: bytes, lock: threading.Lock) -> None:
+    if not data:
+        return
+    with lock:
+        if out is None:
+            sys.stdout.write(data.decode(errors="replace"))
+            sys.stdout.flush()
+        else:
+            out.write(data)
+            out.flush()

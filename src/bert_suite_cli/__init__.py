@@ -185,7 +185,17 @@ def build_parser() -> argparse.ArgumentParser:
     grid.add_argument("--grace_period", type=int, default=120,
                       help="seconds without a heartbeat after which another worker takes the trial's point over "
                       "(default: 120)")
-    grid.add_argument("--keep_all", action="store_true", help="keep every trial's checkpoint, not only the best")
+    grid.add_argument("--keep_all", action="store_true", help="keep every trial's checkpoint, not only the best "
+                      "(without it a trial that cannot beat the best finished one writes no checkpoint)")
+    grid.add_argument("--workers_per_gpu", type=int, metavar="K",
+                      help="start K worker processes per GPU of --gpus on this grid (each sees only its GPU: "
+                      "CUDA_VISIBLE_DEVICES), wait for them, then write the report once; their output comes here, "
+                      "each line prefixed with its worker's name ([gpu0.w1] ...); Ctrl-C or SIGTERM stops them all "
+                      "and the same command resumes (default: 1 per GPU once --gpus is given; without CUDA only 1)")
+    grid.add_argument("--gpus", metavar="0,1,...",
+                      help="the GPUs the workers of --workers_per_gpu run on, numbered as torch numbers them here "
+                      "(default: every visible one, torch.cuda.device_count()); refused without CUDA")
+    grid.add_argument("--grid_worker", action="store_true", help=argparse.SUPPRESS)  # a worker that --gpus started
     grid.set_defaults(func="_grid", takes_training_flags=True)
 
     comp = sub.add_parser("compare", help="several checkpoints on the same tasks, grid and seeds, each against a "
@@ -486,6 +496,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = _plain_negative_numbers(sys.argv[1:] if argv is None else list(argv))
     try:  # argparse prints its usage and message, then exits; return that status instead
         args, rest = parser.parse_known_args(argv)
+        args.argv = argv  # what `grid --gpus` starts its workers with
         _give_back_flag_value(args, argv, rest)
         if rest and not getattr(args, "takes_training_flags", False):
             parser.error(f"unrecognized arguments: {' '.join(rest)}")

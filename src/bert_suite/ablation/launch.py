@@ -11,79 +11,18 @@ import contextlib
 import json
 import os
 import shlex
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+# the process-group helpers are the grid's (its --workers_per_gpu workers), one floor down
+from ..grid import STOP_GRACE, Stopped, start, stop_group, stopping  # noqa: F401  (also this module's API)
+from ..grid import group_alive as _alive
 from ..io import atomic_write_text
 from .study import AblationError, Study
 
 TIMING_EVERY = 30  # seconds between updates of a running pre-training's entry in timing.json
-STOP_GRACE = 20  # seconds a stopped group has to exit on SIGTERM before SIGKILL
-
-
-class Stopped(KeyboardInterrupt):
-    """The study was sent SIGTERM or SIGHUP: it stops as on Ctrl-C, stopping what it started."""
-
-    def __init__(self, signum: int):
-        super().__init__(f"stopped by {signal.Signals(signum).name}")
-        self.code = 128 + signum
-
-
-@contextlib.contextmanager
-def stopping():
-    """SIGTERM and SIGHUP (a closed terminal) raise Stopped in the main thread while the block runs, so its
-    `finally`s run: the launches and helpers are stopped with their groups."""
-    import threading
-
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def stop(signum, frame):
-        raise Stopped(signum)
-
-    before = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGHUP)}
-    try:
-        yield
-    finally:
-        for s, handler in before.items():
-            signal.signal(s, handler)
-
-
-def start(cmd: list[str], log, env: dict) -> subprocess.Popen:
-    """`cmd` in a process group of its own (in this session: a niced study's recipe stays niced, as a new
-    session would start a scheduler group of its own), its output in the open file `log`."""
-    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, process_group=0)
-
-
-def stop_group(child: subprocess.Popen, grace: float | None = None) -> None:
-    """SIGTERM to the child's whole group, then wait for every process in it (SIGKILL after `grace` seconds)."""
-    grace = STOP_GRACE if grace is None else grace
-    group = child.pid
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(group, signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        child.wait(timeout=grace)
-    while _alive(group):  # the leader's children (the recipe, its loader workers) outlive it by a moment
-        if time.monotonic() > deadline:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(group, signal.SIGKILL)
-            deadline = float("inf")
-        time.sleep(0.05)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        child.wait(timeout=5)
-
-
-def _alive(group: int) -> bool:
-    try:
-        os.killpg(group, 0)
-    except (ProcessLookupError, PermissionError):
-        return False
-    return True
 
 
 def recipe_overrides(study: Study, name: str, data, output_dir: Path, steps: int, **replace) -> dict:
