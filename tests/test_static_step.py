@@ -312,6 +312,11 @@ def test_recipe_switches_are_checked():
     assert load_pretrain_config(None, [*base, "dataloader_num_workers=3"]).dataloader_num_workers == 3
     with pytest.raises(PretrainConfigError, match="dataloader_num_workers must be auto or a number"):
         load_pretrain_config(None, [*base, "dataloader_num_workers=many"])
+    assert (cfg.mask_in_step, cfg.bf16_residual) == ("auto", False)  # the bf16 residual costs loss: opt-in
+    assert load_pretrain_config(None, [*base, "bf16_residual=auto"]).bf16_residual == "auto"
+    for key in ("mask_in_step", "bf16_residual"):
+        with pytest.raises(PretrainConfigError, match=f"{key} must be auto, true or false"):
+            load_pretrain_config(None, [*base, f"{key}=sometimes"])
 
 
 def test_recipe_static_step_on_the_cpu_trains_as_the_eager_one(pretrain_setup, tmp_path):
