@@ -289,8 +289,12 @@ def main(argv=None):
         if not in_step or phase + 1 in offline:
             return None
         if phase not in tables:
+            data = phase_data[phase]
+            # a table over a GiB (2 bytes a token slot) is written once beside the run and memory-mapped
+            large = len(data) * static_length(data) * 2 > 2**30
+            cache = out / "ids" / f"phase{phase + 1}-{data._fingerprint}.npy" if large else None
             try:
-                tables[phase] = IdsTable(phase_data[phase], tokenizer.pad_token_id)
+                tables[phase] = IdsTable(data, tokenizer.pad_token_id, len(tokenizer), cache)
             except ValueError as err:
                 raise SystemExit(f"pretrain: error: {('train_data', 'train_data_phase2')[phase]}: {err}") from None
         return tables[phase]

@@ -116,3 +116,23 @@ def test_the_recipe_with_masks_made_in_the_step_logs_the_loaders_losses(pretrain
     results = json.loads((tmp_path / "true" / "pretrain_results.json").read_text())
     assert results["mask_in_step_phases"] == [1, 2]
     assert json.loads((tmp_path / "false" / "pretrain_results.json").read_text())["mask_in_step_phases"] == []
+
+
+def test_a_large_table_is_written_once_and_memory_mapped_back(tmp_path):
+    """IdsTable with a cache file: two bytes a token slot (a vocabulary under 65,536), the same batches as in
+    memory, read back by a later run without a rebuild, and rebuilt for other data of the same shape."""
+    data = ids_instances(60, 40)
+    cache = tmp_path / "ids" / "phase1.npy"
+    memory = IdsTable(data, PAD, vocab_size=200)
+    written = IdsTable(data, PAD, vocab_size=200, cache=cache)
+    assert written.ids.dtype == np.uint16 and isinstance(written.ids, np.memmap)
+    stamp = cache.with_suffix(".json").read_text()
+    again = IdsTable(data, PAD, vocab_size=200, cache=cache)
+    assert cache.with_suffix(".json").read_text() == stamp and isinstance(again.ids, np.memmap)  # no rebuild
+    rows = [3, 59, 0, 17]
+    for table in (written, again):
+        for key, value in memory.take(rows).items():
+            assert np.array_equal(table.take(rows)[key], value), key
+    other = ids_instances(60, 40, seed=9)
+    rebuilt = IdsTable(other, PAD, vocab_size=200, cache=cache)
+    assert np.array_equal(rebuilt.take(rows)["input_ids"], IdsTable(other, PAD).take(rows)["input_ids"])

@@ -8,7 +8,12 @@ DataLoader workers. Used by recipes/pretrain.py.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import torch
+
+from ..io import atomic_write_text
 
 from .masking import example_keys
 
@@ -76,19 +81,38 @@ class IdsTable:
     """A phase's instances as fixed-width arrays, built once from the Arrow columns (vectorised, chunk by chunk):
     token ids (instances, longest) padded with [PAD], lengths, the first segment's lengths (its [CLS] and [SEP]
     included) and the NSP labels, so that a batch is one indexed read of each (`take`). A dataset with an
-    indices mapping (a split or a selection) is read through it. About 4 bytes a token slot in memory: at
-    Wikipedia's 128-token phase, a part of the data per process (`--num_shards`), or a memory-mapped file."""
+    indices mapping (a split or a selection) is read through it. Two bytes a token slot for a vocabulary under
+    65,536 ids (BERT's), four above. `cache`: a file the ids are written to and memory-mapped from (read back by a
+    later run of the same data, e.g. after a resume), for tables larger than memory should hold (Wikipedia's
+    128-token phase: about 25 GB); without it they are built in memory."""
 
-    def __init__(self, data, pad_id: int):
+    def __init__(self, data, pad_id: int, vocab_size: int | None = None, cache: Path | None = None):
         import numpy as np
 
         table = data.data
         self.length = static_length(data)
         size = table.num_rows
-        self.ids = np.full((size, self.length), pad_id, dtype=np.int32)
+        dtype = np.uint16 if vocab_size is not None and vocab_size <= 65536 else np.int32
         self.lengths = np.zeros(size, dtype=np.int32)
         self.first = np.zeros(size, dtype=np.int32)
         self.nsp = np.zeros(size, dtype=np.int64)
+        mapping = getattr(data, "_indices", None)
+        self.rows = mapping.column(0).to_numpy() if mapping is not None else None
+        stamp = {"fingerprint": getattr(data, "_fingerprint", None), "shape": [size, self.length],
+                 "dtype": np.dtype(dtype).name, "pad_id": pad_id}
+        if cache is not None and cache.is_file() and cache.with_suffix(".json").is_file():
+            if json.loads(cache.with_suffix(".json").read_text()) == stamp:
+                self.ids = np.load(cache, mmap_mode="r")
+                for name in ("lengths", "first", "nsp"):
+                    setattr(self, name, np.load(cache.with_name(f"{cache.stem}.{name}.npy")))
+                return
+        if cache is not None:
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            cache.with_suffix(".json").unlink(missing_ok=True)  # whole again only when the stamp is back
+            self.ids = np.lib.format.open_memmap(cache, mode="w+", dtype=dtype, shape=(size, self.length))
+            self.ids[:] = pad_id
+        else:
+            self.ids = np.full((size, self.length), pad_id, dtype=dtype)
         row = 0
         types = table.column("token_type_ids").chunks
         labels = table.column("next_sentence_label").chunks
@@ -118,8 +142,11 @@ class IdsTable:
             self.lengths[row: row + count] = lengths
             self.nsp[row: row + count] = nsp.to_numpy(zero_copy_only=False)
             row += count
-        mapping = getattr(data, "_indices", None)
-        self.rows = mapping.column(0).to_numpy() if mapping is not None else None
+        if cache is not None:  # the arrays, then the stamp that says they are whole
+            self.ids.flush()
+            for name in ("lengths", "first", "nsp"):
+                np.save(cache.with_name(f"{cache.stem}.{name}.npy"), getattr(self, name))
+            atomic_write_text(cache.with_suffix(".json"), json.dumps(stamp))
 
     def take(self, indices) -> dict:
         """The rows `indices` of the dataset (its own numbering): numpy arrays, one indexed read each."""
@@ -154,7 +181,7 @@ class IdsBatches(torch.utils.data.Dataset):
         rows = self.table.take(indices)
         lengths = rows["lengths"]
         width = self.table.length if self.static else int(lengths.max())
-        ids = rows["input_ids"][:, :width]
+        ids = rows["input_ids"][:, :width].astype(np.int32)
         real = np.arange(width) < lengths[:, None]
         if self.causal:
             masked = int(np.minimum(lengths - 1, width - 1).clip(min=0).sum())
