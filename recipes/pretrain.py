@@ -39,11 +39,11 @@ from tqdm.auto import tqdm
 from transformers import get_linear_schedule_with_warmup
 
 from bert_suite import BertSuiteConfig, BertSuiteForPreTraining
-from bert_suite.modeling_bert_suite import residual_in_autocast_dtype
 from bert_suite.allocator import tune as tune_allocator
 from bert_suite.distributed import launched_processes, needs_cpu_group
 from bert_suite.faults import failpoint
 from bert_suite.io import atomic_write_text
+from bert_suite.modeling_bert_suite import residual_in_autocast_dtype
 from bert_suite.precision import on_cpu, recipe_precision
 from bert_suite.pretraining.checkpoints import (
     complete_checkpoints,

@@ -14,7 +14,6 @@ from pathlib import Path
 import torch
 
 from ..io import atomic_write_text
-
 from .masking import example_keys
 
 COLUMNS = ("input_ids", "token_type_ids", "next_sentence_label")
