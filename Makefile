@@ -155,14 +155,16 @@ bench: install  ## the quick benchmarks against stock transformers
 
 # ---- A GPU check (benchmarks/gpu_check.sh; results: benchmarks/RESULTS.md). A GPU machine may be bare
 # and offline: `make gpu-bundle` here writes .gpu-bundle/ (tools/gpu_bundle.sh: wheels it lacks, pytest among them, the
-# project, a few data files, the step of revision BEFORE); copy the tree with it there and run `make gpu-check`
-# (8 minutes: the speed benchmarks with --device cuda, tests/test_gpu.py's correctness and recipe checks; results in
-# runs/gpu-check/). tools/README.md: the other tools for such a machine.
+# project, a few data files, the step of revision BEFORE, the commit measured); copy the tree with it there and run
+# `make gpu-check` (9 minutes: the speed benchmarks with --device cuda, tests/test_gpu.py's correctness and recipe
+# checks; results in runs/gpu-check/, its gpu_record.json to file in benchmarks/results/gpu/). tools/README.md: the
+# other tools for such a machine.
 .PHONY: gpu-bundle gpu-check
 gpu-bundle: install  ## .gpu-bundle/: what a bare GPU machine needs for make gpu-check (BEFORE=4889d2e)
 	BEFORE=$(or $(BEFORE),4889d2e) PYTHON=$(BIN)/python bash tools/gpu_bundle.sh
+	git rev-parse HEAD > $(or $(GPU_BUNDLE),.gpu-bundle)/commit  # gpu_record.json's commit where the tree has no .git
 
-gpu-check:  ## on a GPU machine: correctness and speed in 8 minutes (runs/gpu-check/)
+gpu-check:  ## on a GPU machine: correctness and speed in 9 minutes (runs/gpu-check/)
 	OUT=$(or $(GPU_CHECK_OUT),runs/gpu-check) PYTHON=$(if $(wildcard $(BIN)/python),$(BIN)/python,python3) \
 		bash benchmarks/gpu_check.sh
 

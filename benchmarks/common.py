@@ -28,8 +28,7 @@ def cpu_kind() -> dict:
     `native_bf16` (the flag `--precision auto` chooses bf16 by, or None: emulated)."""
     from bert_suite.precision import cpu_flags, cpu_model, native_bf16_flag
 
-    flags = cpu_flags()
-    native = native_bf16_flag()
+    flags, native = cpu_flags(), native_bf16_flag()
     return {"cpu": cpu_model(), "flags": [f for f in SPEED_FLAGS if f in flags], "native_bf16": native,
             "kind": f"native bf16 ({native})" if native else "no native bf16 (bf16 emulated)"}
 
@@ -39,12 +38,10 @@ def machine() -> dict:
     import torch
     import transformers
 
-    info = {**cpu_kind(), "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+    return {**cpu_kind(), "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
             "torch": torch.__version__, "transformers": transformers.__version__,
-            "python": platform.python_version(), "command": " ".join([Path(sys.executable).name, *sys.argv])}
-    if torch.cuda.is_available():
-        info["gpu"] = torch.cuda.get_device_name()
-    return info
+            "python": platform.python_version(), "command": " ".join([Path(sys.executable).name, *sys.argv]),
+            **({"gpu": torch.cuda.get_device_name()} if torch.cuda.is_available() else {})}
 
 
 def sync(device) -> None:
@@ -58,12 +55,7 @@ def matmul_flops_per_second(dtype=None, size: int = 2048, repeats: int = 5) -> f
     import torch
 
     a, b = (torch.randn(size, size, dtype=dtype or torch.float32) for _ in range(2))
-    times = []
-    for _ in range(repeats + 2):  # the first two warm up
-        start = time.perf_counter()
-        a @ b
-        times.append(time.perf_counter() - start)
-    return 2 * size**3 / statistics.median(times[2:])
+    return 2 * size**3 / statistics.median(alternate({"mm": lambda: a @ b}, repeats + 2)["mm"][2:])  # 2 warm up
 
 
 def alternate(runs: dict, repeats: int, device="cpu") -> dict[str, list[float]]:
@@ -71,8 +63,7 @@ def alternate(runs: dict, repeats: int, device="cpu") -> dict[str, list[float]]:
     each call. Warm-up is the caller's job (one untimed call each before)."""
     seconds = {name: [] for name in runs}
     for rep in range(repeats):
-        order = list(runs) if rep % 2 == 0 else list(reversed(runs))
-        for name in order:
+        for name in list(runs) if rep % 2 == 0 else list(reversed(runs)):
             sync(device)
             start = time.perf_counter()
             runs[name]()
@@ -105,11 +96,16 @@ def encoder_flops(config, lengths, masked: int, nsp: bool = True) -> float:
     return float(dense + attention + head + pooled)
 
 
-def run_child(args: list[str], timeout: float = 1800) -> dict:
+def child_env(device: str = "") -> dict:
+    """A child process's environment: tokenizers' threads off; told the CPU, no GPU even beside one."""
+    return {**os.environ, "TOKENIZERS_PARALLELISM": "false", **({"CUDA_VISIBLE_DEVICES": ""} if device == "cpu" else {})}
+
+
+def run_child(args: list[str], timeout: float = 1800, env: dict | None = None) -> dict:
     """Run a benchmark's own script in a child process (`args` select one run and mode) and return the JSON it
     prints last: peak resident memory is per process (and so is glibc's allocator), so each run gets its own."""
     proc = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
+                          env=env or child_env())
     if proc.returncode != 0:
         raise RuntimeError(f"child {' '.join(args)} failed:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -118,12 +114,10 @@ def run_child(args: list[str], timeout: float = 1800) -> dict:
 def max_rss_mib() -> float:
     """This process's peak resident set size so far (MiB): VmHWM on Linux, which starts afresh
     at exec (ru_maxrss would carry the parent's peak into a child)."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
+    status = Path("/proc/self/status")
+    for line in status.read_text().splitlines() if status.is_file() else []:
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
     import resource
 
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -140,21 +134,32 @@ def write_result(name: str, payload: dict) -> Path:
     return atomic_write_text(target, json.dumps(payload, indent=2, default=str) + "\n")
 
 
-def table(rows: list[dict], columns: list[tuple[str, str]]) -> str:
-    """A markdown table: columns are (key, heading); floats get 3 significant digits."""
-    def cell(value):
-        if isinstance(value, float):
-            return f"{value:,.3g}" if abs(value) < 1000 else f"{value:,.0f}"
-        return str(value)
+def table(rows: list, columns: list) -> str:
+    """A markdown table of dicts under (key, heading) columns, or of lists under headings; floats get 3 significant
+    digits (whole numbers from 1,000), None an empty cell."""
     from bert_suite.report import md_table
 
-    return "\n".join(md_table([h for _, h in columns], [[cell(r.get(k, "")) for k, _ in columns] for r in rows]))
+    def cell(value):
+        return ("" if value is None else str(value)) if not isinstance(value, float) else \
+            f"{value:,.3g}" if abs(value) < 1000 else f"{value:,.0f}"
+    if columns and isinstance(columns[0], tuple):
+        rows, columns = [[r.get(k) for k, _ in columns] for r in rows], [h for _, h in columns]
+    return "\n".join(md_table(columns, [[cell(c) for c in row] for row in rows]))
 
 
 def skip(message: str) -> None:
     """A clear skip (exit 0) when the real data is not on this machine."""
     print(f"skipped: {message}")
     raise SystemExit(0)
+
+
+def need(paths=(), cuda: bool = False, hint: str = "") -> None:
+    """Skip without a CUDA device when `cuda`, or naming the first of `paths` that is not a file (and `hint`)."""
+    if cuda and not __import__("torch").cuda.is_available():
+        skip("no CUDA device here (--device cpu measures the CPU)")
+    for path in paths:
+        if not Path(path).is_file():
+            skip(f"{path} not found{hint}")
 
 
 # Profile categories: where a step's time goes, by CPU operator or GPU kernel name (lower-cased; first match wins).
@@ -187,9 +192,8 @@ def profile(fn, device="cpu", steps: int = 1, top: int = 12) -> dict:
     with trace(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
         fn()
         sync(device)
-    events = [(e, (e.self_device_time_total if cuda else e.self_cpu_time_total) / 1e6) for e in prof.key_averages()
-              if e.device_type == (DeviceType.CUDA if cuda else DeviceType.CPU)]
-    events = [(e, spent) for e, spent in events if spent > 0]
+    events = [(e, spent) for e in prof.key_averages() if e.device_type == (DeviceType.CUDA if cuda else DeviceType.CPU)
+              and (spent := (e.self_device_time_total if cuda else e.self_cpu_time_total) / 1e6) > 0]
     total = sum(spent for _, spent in events) or 1.0
     by_kind: dict[str, float] = {}
     for e, spent in events:
@@ -205,17 +209,14 @@ def profile(fn, device="cpu", steps: int = 1, top: int = 12) -> dict:
 def breakdown_table(profiles: dict[str, dict]) -> str:
     """Markdown: one row per category, one column per profiled run (`profile`'s results; seconds and share)."""
     profiles = {name: found["by_kind"] for name, found in profiles.items()}
-    names = list(profiles)
-    categories = sorted({c for p in profiles.values() for c in p},
-                        key=lambda c: -max(p.get(c, 0.0) for p in profiles.values()))
-    lines = ["| where the time goes | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
-    totals = {n: sum(profiles[n].values()) or 1.0 for n in names}
-    for c in categories:
-        cells = [f"{profiles[n].get(c, 0.0) * 1e3:,.0f} ms ({100 * profiles[n].get(c, 0.0) / totals[n]:.0f}%)"
-                 for n in names]
-        lines.append(f"| {c} | " + " | ".join(cells) + " |")
-    lines.append("| total (profiled) | " + " | ".join(f"{totals[n] * 1e3:,.0f} ms" for n in names) + " |")
-    return "\n".join(lines)
+    totals = {n: sum(p.values()) or 1.0 for n, p in profiles.items()}
+    lines = ["| where the time goes | " + " | ".join(profiles) + " |", "|---|" + "---:|" * len(profiles)]
+    largest = {c: max(p.get(c, 0) for p in profiles.values()) for found in profiles.values() for c in found}
+    for c in sorted(largest, key=lambda c: -largest[c]):
+        lines.append(f"| {c} | " + " | ".join(f"{p.get(c, 0) * 1e3:,.0f} ms ({100 * p.get(c, 0) / totals[n]:.0f}%)"
+                                             for n, p in profiles.items()) + " |")
+    totals = " | ".join(f"{t * 1e3:,.0f} ms" for t in totals.values())
+    return "\n".join([*lines, f"| total (profiled) | {totals} |"])
 
 
 def create_database(server: str, name: str) -> str:

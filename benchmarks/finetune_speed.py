@@ -1,27 +1,32 @@
-# Command: .venv/bin/python benchmarks/finetune_speed.py [--device cpu|cuda] [--data ../shared/data] [--tasks rte mrpc] [--quick] [--profile] [--precisions fp32 bf16]
+# Command: .venv/bin/python benchmarks/finetune_speed.py [--device cpu|cuda] [--data ../shared/data] [--tasks rte mrpc] [--quick] [--profile] [--precisions fp32 bf16] [--grid]
 """Fine-tuning and prediction speed of our fine-tuning path vs the stock transformers GLUE recipe.
 
-OURS = `bert-suite finetune`'s path: the runner's features (truncated to 128, unpadded), its collator (dynamic
-padding), BertSuiteForSequenceClassification (dense layers on real tokens only), runner.SuiteTrainer (training
-batches of similar length in random order; prediction over length-sorted batches). STOCK = the transformers GLUE
-example's default: every example padded to 128, default_data_collator, BertForSequenceClassification (sdpa),
-transformers.Trainer, the same arguments but the stock random order. Same process, weights and threads; one untimed
-warm-up each, then the runs alternate, every timed epoch from the same weights, a fresh optimizer and the same seed.
-On real GLUE RTE/MRPC: one epoch of trainer.train() and trainer.predict(dev) in examples/s (median) and ours/stock;
-real vs padded tokens; the dev logits of both from the same weights (must agree); peak RSS per side in a child
-process; --profile: where a training step and a prediction batch spend their time. Every side in every precision
-of --precisions (default fp32 and bf16, TrainingArguments' bf16), all runs alternating. --device cpu (default:
-use_cpu, even beside a GPU) or cuda (and the peak GPU memory). Skips (exit 0) without the data or the device.
-Result: runs/bench/<--out>.json.
-"""
+OURS = `bert-suite finetune`'s path: the runner's features (truncated to 128, unpadded), collator (dynamic padding),
+BertSuiteForSequenceClassification (dense layers on real tokens only) and SuiteTrainer (batches of similar length in
+random order; prediction over length-sorted batches). STOCK = the transformers GLUE example: every example padded to
+128, default_data_collator, BertForSequenceClassification (sdpa), transformers.Trainer with the same arguments but
+the random order. One process, the same weights and threads; a warm-up each (ours: a whole epoch, timed: the first
+epoch, compilation and capture included, over the steady median), then the runs alternate, every epoch from the same
+weights, a fresh optimizer and seed. On GLUE RTE/MRPC: an epoch of trainer.train() and trainer.predict(dev) in
+examples/s (median) and ours/stock, in each of --precisions (TrainingArguments' bf16); real vs padded tokens; the dev
+logits from the same weights (must agree); peak RSS per side in a child process; --profile: where a training step and
+a prediction batch spend their time. --device cpu (use_cpu, even beside a GPU) or cuda (and peak GPU memory).
+--grid: a subset of the paper's RTE grid (--learning_rates x --batch_sizes, --epochs, seed 1) by `bert-suite grid rte`
+with its defaults, against a loop of stock runs over the same points, a process a point as a user runs run_glue.py
+(the stock side above, TrainingArguments' defaults but the point's, dev scored each epoch), both from one folder of
+random --preset weights and the --vocab tokenizer, in one of --precisions (bf16 on CUDA): seconds from the start to
+the last dev score (ours: its study's last trial) and stock / ours. Skips (exit 0) without the data or the device.
+Result: runs/bench/<--out>.json (--grid: written after each side)."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import subprocess
 import sys
 import tempfile
+import time
 import warnings
 from functools import partial
 from pathlib import Path
@@ -45,8 +50,7 @@ from bert_suite.precision import Precision  # noqa: E402
 SIDES = ("ours", "stock")
 
 
-def side_of(run: str) -> str:
-    """A run's side and precision: "ours", "stock" (fp32), "ours bf16", "stock bf16"."""
+def side_of(run: str) -> str:  # runs: "ours", "stock" (fp32), "ours bf16", "stock bf16"
     return run.split()[0]
 
 
@@ -80,9 +84,18 @@ def parse(argv) -> argparse.Namespace:
                    help="each side runs in each (bf16: TrainingArguments' bf16 autocast); default fp32 and bf16, "
                    "fp32 only with --quick on a CPU without native bf16 (make bench-full measures it there)")
     p.add_argument("--out", default="finetune_speed", help="result name: runs/bench/NAME.json (or a path.json)")
+    p.add_argument("--grid", action="store_true", help="bert-suite grid rte against a loop of stock runs")
+    p.add_argument("--learning_rates", nargs="+", type=float, default=[5e-5, 3e-5, 2e-5], help="--grid's")
+    p.add_argument("--batch_sizes", nargs="+", type=int, default=[16, 32], help="--grid's")
+    p.add_argument("--epochs", type=int, default=2, help="--grid's")
     p.add_argument("--memory-child", choices=SIDES, help=argparse.SUPPRESS)
+    p.add_argument("--stock-point", nargs=3, metavar=("MODEL", "LR", "BATCH"), help=argparse.SUPPRESS)
     p.add_argument("--task", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.grid or args.stock_point:
+        if len(args.precisions or ["one"]) > 1:
+            p.error("--grid runs in one of --precisions")
+        args.tasks, args.precisions = ["rte"], args.precisions or ["bf16" if args.device == "cuda" else "fp32"]
     args.vocab = args.vocab or args.data / "vocab" / "bert-base-uncased" / "vocab.txt"
     args.train_limit = args.limit or (256 if args.quick else None)
     args.repeats = 3 if args.quick else args.repeats
@@ -95,17 +108,15 @@ def parse(argv) -> argparse.Namespace:
     return args
 
 
-def check_data(args, tasks) -> None:
-    """Skip (exit 0) naming the first missing file."""
-    tsvs = [args.data / "glue" / load_card(t).data_folder / f"{s}.tsv" for t in tasks for s in ("train", "dev")]
-    for path in [*tsvs, args.vocab]:
-        if not path.is_file():
-            common.skip(f"{path} not found")
-
-
 def first(dataset, n):
     """The first n rows (all when n is None)."""
     return dataset.select(range(min(n, len(dataset)))) if n else dataset
+
+
+def padded(rows, tok, card):
+    """The stock GLUE example's features: every example padded to 128."""
+    return rows.map(lambda b: tok(*[b[c] for c in card.text_columns], padding="max_length", max_length=MAX_LEN,
+                                  truncation=True), batched=True, remove_columns=list(card.text_columns))
 
 
 def build(task, args, tmp, runs=None) -> SimpleNamespace:
@@ -118,10 +129,7 @@ def build(task, args, tmp, runs=None) -> SimpleNamespace:
     tok, limits = prep.tokenizer, {"train": args.train_limit, "validation": args.limit}
     feats = {"ours": {s: first(prep.encoded[s], n) for s, n in limits.items()}}
     if "stock" in sides:
-        def pad_to_128(batch):
-            return tok(*[batch[c] for c in card.text_columns], padding="max_length", max_length=MAX_LEN, truncation=True)
-        feats["stock"] = {s: first(prep.raw[s], n).map(pad_to_128, batched=True, remove_columns=list(card.text_columns))
-                          for s, n in limits.items()}
+        feats["stock"] = {s: padded(first(prep.raw[s], n), tok, card) for s, n in limits.items()}
     torch.manual_seed(0)
     config = BertSuiteConfig.from_preset(args.preset, vocab_size=len(tok), num_labels=2)
     make = {"ours": lambda: BertSuiteForSequenceClassification(config),
@@ -166,19 +174,24 @@ def predict(setup, run) -> np.ndarray:
     return setup.trainers[run].predict(setup.feats[side_of(run)]["validation"]).predictions
 
 
-def warm_up(setup) -> float:
-    """Untimed: dev logits of every run from the initial weights, then a short training run each.
-    Returns the largest absolute difference of ours' and stock's logits in each precision."""
-    logits = {}
+def warm_up(setup, device) -> tuple[dict, dict]:
+    """Before the timed runs: ours' first epoch, timed (compilation, capture, first shapes: what a user's first epoch
+    pays), stock a short training run; then the dev logits of every run from the initial weights. Returns the
+    seconds of ours' first epoch per run and the largest |ours - stock| of the logits per precision."""
+    logits, first_epoch = {}, {}
     for run in setup.runs:
+        trainer = setup.trainers[run]
+        full = trainer.train_dataset
+        if side_of(run) == "stock":
+            trainer.train_dataset = first(full, 64)
+        (seconds,) = common.alternate({run: partial(train, setup, run)}, 1, device)[run]
+        trainer.train_dataset = full
+        if side_of(run) == "ours":
+            first_epoch[run] = seconds
         setup.models[run].load_state_dict(setup.initial[run])
         logits[run] = predict(setup, run)
-        trainer = setup.trainers[run]
-        full, trainer.train_dataset = trainer.train_dataset, first(trainer.train_dataset, 64)
-        train(setup, run)
-        trainer.train_dataset = full
-    return {precision_of(r): float(np.abs(logits[r] - logits[r.replace("ours", "stock")]).max())
-            for r in setup.runs if side_of(r) == "ours"}
+    return first_epoch, {precision_of(r): float(np.abs(logits[r] - logits[r.replace("ours", "stock")]).max())
+                         for r in setup.runs if side_of(r) == "ours"}
 
 
 def token_counts(setup, side) -> dict:
@@ -228,7 +241,8 @@ def measure(task, args, tmp) -> dict:
     setup = build(task, args, tmp)
     shown = {s: {k: getattr(getattr(t.args, k), "value", getattr(t.args, k)) for k in SHOWN_ARGS}
              for s, t in setup.trainers.items()}
-    result = {"training_arguments": shown, "state_dict": setup.state_dict, "logit_max_abs_diff": warm_up(setup)}
+    first_epoch, diffs = warm_up(setup, args.device)
+    result = {"training_arguments": shown, "state_dict": setup.state_dict, "logit_max_abs_diff": diffs}
     runs = setup.runs
     for name, fn, split in (("train", train, "train"), ("predict", predict, "validation")):
         seconds = common.alternate({r: partial(fn, setup, r) for r in runs}, args.repeats, args.device)
@@ -240,15 +254,18 @@ def measure(task, args, tmp) -> dict:
                         "ratio_by_precision": ratios,
                         "bf16_over_fp32": {s: medians[s] / medians[f"{s} bf16"] for s in SIDES
                                            if s in medians and f"{s} bf16" in medians}}
+    # ours' first epoch (the process's first) against its steady ones (the median above), per precision
+    result["train"]["first_epoch_s"] = first_epoch
+    result["train"]["first_over_steady"] = {precision_of(r): s / result["train"]["median_s"][r]
+                                            for r, s in first_epoch.items()}
     # per side, from its runs of the first precision (the batches do not depend on the precision)
     result["tokens"] = {side_of(r): token_counts(setup, r) for r in runs if precision_of(r) == precision_of(runs[0])}
     if args.profile:
         result["profile"] = {k: v for r in runs for k, v in profile(setup, r).items()}
     if not args.no_memory:
-        passed = ["--data", str(args.data), "--vocab", str(args.vocab), "--preset", args.preset, "--task", task,
-                  "--device", args.device]
         # The peak comes from the longest batches: a 128-example epoch (RTE and MRPC reach 128 tokens) will do.
-        passed += ["--limit", str(min(args.limit or 128, 128))]
+        passed = ["--data", str(args.data), "--vocab", str(args.vocab), "--preset", args.preset, "--task", task,
+                  "--device", args.device, "--limit", str(min(args.limit or 128, 128))]
         result["memory"] = {r: common.run_child([str(Path(__file__).resolve()), "--memory-child", side_of(r),
                                                 "--precisions", precision_of(r), *passed]) for r in runs}
     return result
@@ -262,10 +279,8 @@ def memory_child(args, tmp) -> dict:
     baseline = common.max_rss_mib()
     train(setup, run)
     predict(setup, run)
-    out = {"peak_rss_mib": common.max_rss_mib(), "baseline_rss_mib": baseline}
-    if args.device == "cuda":
-        out["peak_gpu_mib"] = torch.cuda.max_memory_allocated() / 2**20
-    print(json.dumps(out))
+    print(json.dumps(out := {"peak_rss_mib": common.max_rss_mib(), "baseline_rss_mib": baseline, **(
+        {"peak_gpu_mib": torch.cuda.max_memory_allocated() / 2**20} if args.device == "cuda" else {})}))
     return out
 
 
@@ -301,24 +316,91 @@ def report(payload) -> None:
                 peaks = {s: r["memory"][run.replace("ours", s)]["peak_rss_mib"] for s in SIDES}
                 print(f"{task}: peak RSS {p}: ours {peaks['ours']:.0f} MiB vs stock {peaks['stock']:.0f} MiB: "
                       f"ours {'<=' if peaks['ours'] <= peaks['stock'] else '>'} stock")
+        print(f"{task}: ours' first epoch over a steady one: " + ", ".join(
+            f"{p} {v:.2f}x" for p, v in r["train"]["first_over_steady"].items()))
         print(f"{task}: TrainingArguments: {r['training_arguments']}")
         if "profile" in r:
             print(f"\n{task}, one step / batch:\n" + common.breakdown_table(r["profile"]))
     print(f"machine: {payload['machine']}")
 
 
+def grid_stock_point(args) -> dict:
+    """One stock run of --grid, in a process of its own: prints the time of its last dev score and the scores."""
+    model, lr, batch = args.stock_point
+    card, tok = load_card("rte"), transformers.AutoTokenizer.from_pretrained(model)
+    train, dev = (padded(first(runner.adapter_for(card).load_split(card, split, str(args.data / "glue" / "RTE"), False),
+                               args.limit), tok, card) for split in (card.train_split, card.eval_splits[0]))
+    transformers.set_seed(1)
+    trainer = transformers.Trainer(
+        model=transformers.BertForSequenceClassification.from_pretrained(model, num_labels=2),
+        args=transformers.TrainingArguments(
+            output_dir=f"{model}-{lr}-{batch}", learning_rate=float(lr), per_device_train_batch_size=int(batch),
+            num_train_epochs=args.epochs, eval_strategy="epoch", save_strategy="no", logging_strategy="epoch", seed=1,
+            report_to="none", bf16=args.precisions == ["bf16"], use_cpu=args.device == "cpu", disable_tqdm=True),
+        train_dataset=train, eval_dataset=dev, data_collator=transformers.default_data_collator,
+        compute_metrics=lambda p: {"accuracy": float((p.predictions.argmax(-1) == p.label_ids).mean())})
+    trainer.train()
+    print(json.dumps(found := {"last_score_at": time.time(), "scores": [
+        e["eval_accuracy"] for e in trainer.state.log_history if "eval_accuracy" in e]}))
+    return found
+
+
+def grid(args, tmp: str) -> dict:
+    """--grid: `bert-suite grid rte`, then the loop of stock runs (grid_stock_point), from one saved model."""
+    import optuna
+
+    model, out, limit = Path(tmp) / "model", Path(tmp) / "grid", [f"--limit={args.limit}"] if args.limit else []
+    tok = transformers.BertTokenizerFast(vocab_file=str(args.vocab), do_lower_case=True)
+    torch.manual_seed(0)
+    transformers.BertForPreTraining(transformers.BertConfig(**BertSuiteConfig.from_preset(
+        args.preset, vocab_size=len(tok)).to_bert_dict())).save_pretrained(model)
+    tok.save_pretrained(model)
+    env, payload = common.child_env(args.device), {"machine": common.machine(), "precision": args.precisions[0],
+                                                   "settings": {k: str(v) for k, v in vars(args).items()}}
+    started, points = time.time(), len(args.learning_rates) * len(args.batch_sizes)
+    proc = subprocess.run([sys.executable, "-m", "bert_suite", "grid", "rte", "--model", str(model), "--data_dir",
+                           str(args.data / "glue" / "RTE"), "--tokenizer", str(model), "--output_dir", str(out),
+                           "--learning_rates", *map(str, args.learning_rates), "--batch_sizes",
+                           *map(str, args.batch_sizes), "--epochs", str(args.epochs), "--seeds", "1", "--precision",
+                           args.precisions[0], *[f"--max_{s}_samples={args.limit}" for s in ("train", "eval") if limit]],
+                          capture_output=True, text=True, env=env)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    done = [] if proc.returncode else optuna.load_study(study_name=None, storage=f"sqlite:///{out / 'grid.db'}") \
+        .get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+    if len(done) < points:  # a failed trial is a line in the grid's output, not an exit code
+        common.write_result(args.out, {**payload, "ours": {"error": proc.stderr[-3000:]}})
+        raise SystemExit(f"finetune_speed --grid: bert-suite grid (exit {proc.returncode}) completed {len(done)} of "
+                         f"{points} points:\n{proc.stderr[-3000:]}")
+    payload["ours"] = {"seconds": max(t.datetime_complete.timestamp() for t in done) - started,
+                       "wall_s": time.time() - started, "points": [{**t.params, "score": t.value} for t in done]}
+    started, runs = time.time(), []
+    for lr, batch in ((lr, batch) for lr in args.learning_rates for batch in args.batch_sizes):
+        common.write_result(args.out, payload)  # a step cut short keeps what it measured
+        runs.append({"learning_rate": lr, "per_device_train_batch_size": batch, **common.run_child(
+            [__file__, "--stock-point", str(model), str(lr), str(batch), "--device", args.device, "--data",
+             str(args.data), "--epochs", str(args.epochs), "--precisions", args.precisions[0], *limit], env=env)})
+        payload["stock"] = {"seconds": runs[-1]["last_score_at"] - started, "points": runs}
+    payload["ratio"] = payload["stock"]["seconds"] / payload["ours"]["seconds"]
+    print(f"grid of {points} points, {args.precisions[0]}, seconds to the last dev score: ours (bert-suite grid) "
+          f"{payload['ours']['seconds']:.1f}, the stock loop {payload['stock']['seconds']:.1f}; stock / ours "
+          f"{payload['ratio']:.2f}; written: {common.write_result(args.out, payload)}")
+    return payload
+
+
 def main(argv=None) -> dict:
     """Run the benchmark (or, with --memory-child, one side's memory run); returns the result."""
     args = parse(argv)
-    if args.device == "cuda" and not torch.cuda.is_available():
-        common.skip("no CUDA device here (--device cpu measures the CPU)")
-    check_data(args, [args.task] if args.memory_child else args.tasks)
+    tasks = [args.task] if args.memory_child else args.tasks
+    common.need([*(args.data / "glue" / load_card(t).data_folder / f"{s}.tsv" for t in tasks for s in ("train", "dev")),
+                 args.vocab], args.device == "cuda")
     transformers.logging.set_verbosity_error()
     datasets.disable_progress_bars()
     warnings.filterwarnings("ignore", message=".*'pin_memory' argument is set as true")  # CPU: pinning is a no-op
+    if args.stock_point:
+        return grid_stock_point(args)
     with tempfile.TemporaryDirectory(prefix="finetune-speed-") as tmp:
-        if args.memory_child:
-            return memory_child(args, tmp)
+        if args.memory_child or args.grid:
+            return (memory_child if args.memory_child else grid)(args, tmp)
         settings = {k: v for k, v in vars(args).items() if k not in ("memory_child", "task")}
         payload = {"machine": common.machine(), "settings": settings,
                    "tasks": {task: measure(task, args, tmp) for task in args.tasks}}

@@ -2,23 +2,23 @@
 # Command (on a GPU machine, in the repository root, with the tree and .gpu-bundle/ copied there):
 #   bash benchmarks/gpu_check.sh                 (= make gpu-check; results in $OUT, default runs/gpu-check/)
 #   bash benchmarks/gpu_check.sh --device cpu --quick --bundle DIR --out DIR   (every step at toy size: a test)
-#   bash benchmarks/gpu_check.sh --only pretrain-base-128,recipe               (some steps; names as below)
+#   bash benchmarks/gpu_check.sh --only pretrain-base-128,recipe         (some steps: the names of the step lines)
 #
-# Everything the project measures on a GPU, in one command of 8 minutes by default:
-#   install      the bundle's wheels (`make gpu-bundle`) into a private folder, when the machine lacks them
-#   pretrain     the pre-training step (pretrain_step.py --device cuda): base at 128 (with an earlier bert_suite when
-#                the bundle holds one, the host-sync check and a profile), tiny and mini at 128 (every form, CUDA
-#                graphs included, captured-vs-uncaptured losses), base at 512
-#   finetune     fine-tuning speed, base on RTE in bf16, ours against the stock recipe (finetune_speed.py)
-#   correctness  every head against stock on the device (tests/test_gpu.py -k test_correctness)
-#   recipe       the recipe on the bundled corpus, killed and resumed (tests/test_gpu.py -k test_recipe)
-#   summary      gpu_check.json (every step's result) and summary.md (tables, goals): gpu_check_summary.py
-# A step is a line `step NAME LIMIT command...` below, its figures the JSON files it writes into $PARTS (the tests
-# through BERT_SUITE_GPU_RECORD). Each runs within its limit and the budget left, so one slow or failing step cannot
-# sink the rest; the goals' measurements come first. At most 8 files come out.
+# Everything the project measures on a GPU, in one command of 9 minutes (--budget 530 s), the goals' measurements
+# first: the pre-training step (pretrain_step.py: base at 128 with the host-sync check and a profile, and 512; tiny
+# and mini at 128 against an earlier bert_suite when the bundle holds one, tiny's captured steps against uncaptured
+# ones); the recipe end to end (recipe_speed.py); fine-tuning, base on RTE in bf16, ours against stock and the first
+# epoch against steady ones (finetune_speed.py); the RTE grid subset, `bert-suite grid` against a loop of stock runs
+# (finetune_speed.py --grid); then every head against stock on the device and the recipe killed and resumed
+# (tests/test_gpu.py's correctness and recipe checks; else --only correctness,recipe in a second call). First the
+# bundle's wheels (`make gpu-bundle`) into a private folder when the machine lacks them; last the summary
+# (gpu_check_summary.py): gpu_check.json (every step's result), gpu_record.json (the figures of issues 62 and 63, to
+# file in benchmarks/results/gpu/) and summary.md (tables, goals). A step is a line `step NAME LIMIT command...`
+# below, its figures the JSON files it writes into $PARTS (the tests through BERT_SUITE_GPU_RECORD), run within its
+# limit and the budget left, so that one slow or failing step cannot sink the rest. 4 files come out (at most 8).
 set -uo pipefail
 
-DEVICE=cuda QUICK=0 BUNDLE=.gpu-bundle OUTDIR=${OUT:-runs/gpu-check} BUDGET=480 ONLY=""
+DEVICE=cuda QUICK=0 BUNDLE=.gpu-bundle OUTDIR=${OUT:-runs/gpu-check} BUDGET=530 ONLY=""
 while [ $# -gt 0 ]; do
     case "$1" in
         --device) DEVICE=$2; shift 2 ;;
@@ -36,19 +36,18 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 PARTS=$OUTDIR/parts
 rm -rf "$PARTS" && mkdir -p "$PARTS"
-rm -f "$OUTDIR/gpu_check.json" "$OUTDIR/summary.md"
-LOG=$OUTDIR/gpu_check.log
-: > "$LOG"
+rm -f "$OUTDIR/gpu_check.json" "$OUTDIR/gpu_record.json" "$OUTDIR/summary.md"
+LOG=$OUTDIR/gpu_check.log && : > "$LOG"
 START=$(date +%s)
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 \
     HF_EVALUATE_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
 STATUS=()
 
 step() {  # step NAME LIMIT command...: within LIMIT seconds and the budget left; never stops the script
-    local name=$1 limit=$2
+    local name=$1 limit=$2 left t0 rc state
     shift 2
     if [ -n "$ONLY" ] && [ "$name" != install ] && [[ "$ONLY" != *",$name,"* ]]; then return; fi
-    local left=$((BUDGET - ($(date +%s) - START) - 15))  # 15 s kept for the summary
+    left=$((BUDGET - ($(date +%s) - START) - 15))  # 15 s kept for the summary
     ((limit > left)) && limit=$left
     if ((limit < 10)); then
         STATUS+=("$name=skipped: budget spent")
@@ -56,18 +55,13 @@ step() {  # step NAME LIMIT command...: within LIMIT seconds and the budget left
         return
     fi
     echo "== $name (limit ${limit}s): $*" | tee -a "$LOG"
-    local t0 rc
     t0=$(date +%s)
     timeout --kill-after=5 "$limit" "$@" 2>&1 | tee -a "$LOG"
-    rc=${PIPESTATUS[0]}
-    local took=$(($(date +%s) - t0)) state
-    case $rc in
-        0) state=ok ;;
-        124 | 137) state="timed out" ;;
-        *) state="failed (exit $rc)" ;;
-    esac
-    STATUS+=("$name=$state in ${took}s")
-    echo "== $name: $state in ${took}s" | tee -a "$LOG"
+    rc=${PIPESTATUS[0]} state="failed (exit $rc)"
+    ((rc == 0)) && state=ok
+    ((rc == 124 || rc == 137)) && state="timed out"
+    STATUS+=("$name=$state in $(($(date +%s) - t0))s")
+    echo "== ${STATUS[-1]/=/: }" | tee -a "$LOG"
 }
 
 if ! $PY -c "import torch" 2>/dev/null; then
@@ -81,15 +75,15 @@ if [ "$DEVICE" = cuda ] && ! $PY -c "import torch, sys; sys.exit(not torch.cuda.
 fi
 # --- install: what the machine lacks, from the bundle (no network there)
 PIN=$(grep -i '^transformers==' constraints.txt | cut -d= -f3)
-if ! $PY -c "import datasets, evaluate, seqeval, pytest, transformers as t; assert t.__version__ == '$PIN'" 2>/dev/null
-then
+if ! $PY -c "import datasets, evaluate, seqeval, optuna, pytest, transformers as t; assert t.__version__ == '$PIN'" \
+    2>/dev/null; then
     SITE=${SITE:-/tmp/bert-suite-site}
     if ls "$BUNDLE"/wheels/*.whl >/dev/null 2>&1; then
         step install 120 $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
             --target "$SITE" "$BUNDLE"/wheels/*.whl
         export PYTHONPATH="$PWD/src:$SITE${PYTHONPATH#"$PWD/src"}"
     else
-        echo "== install: $BUNDLE/wheels has no wheels and this Python lacks datasets/evaluate/seqeval/pytest" \
+        echo "== install: $BUNDLE/wheels has no wheels and this Python lacks datasets/evaluate/seqeval/optuna/pytest" \
             "or transformers $PIN: run make gpu-bundle where pip works, and copy .gpu-bundle/ here" | tee -a "$LOG"
     fi
 fi
@@ -102,33 +96,36 @@ PRE=(benchmarks/pretrain_step.py --device "$DEVICE" --in_process --peak_tflops 9
 # the GPU checks are tests (skipped without CUDA unless told the device); they write their parts themselves
 TESTS=(env BERT_SUITE_TEST_DEVICE="$DEVICE" BERT_SUITE_TEST_QUICK="$QUICK" BERT_SUITE_TEST_DATA="$BUNDLE/data"
     BERT_SUITE_GPU_RECORD="$PARTS" $PY -m pytest tests/test_gpu.py -q -x -p no:cacheprovider)
+FINE=(benchmarks/finetune_speed.py --device "$DEVICE" --data "$BUNDLE/data" --tasks rte --no-memory)
+RECIPE=(benchmarks/recipe_speed.py --device "$DEVICE" --corpus "$BUNDLE/data/corpus.txt" \
+    --vocab "$BUNDLE/data/vocab/bert-base-uncased/vocab.txt")
 if ((QUICK)); then  # toy sizes, fp32, no compilation (minutes of code generation on a small CPU)
     PRE+=(--precisions fp32 --steps 1 --repeats 1 --tokens 128)
     step pretrain-tiny 120 $PY "${PRE[@]}" --preset tiny --seq_len 32 --variants stock ${BEFORE:+before} eager graph \
         "${BEFORE[@]}" --out "$PARTS/pretrain-tiny-32.json"
-    step finetune 120 $PY benchmarks/finetune_speed.py --device "$DEVICE" --data "$BUNDLE/data" --preset tiny \
-        --tasks rte --limit 32 --repeats 1 --precisions fp32 --no-memory --out "$PARTS/finetune.json"
-    step correctness 120 "${TESTS[@]}" -k test_correctness
-    step recipe 120 "${TESTS[@]}" -k test_recipe
-else
-    step pretrain-base-128 110 $PY "${PRE[@]}" --preset base --seq_len 128 --check --profile "${BEFORE[@]}" \
-        --variants stock ${BEFORE:+before} eager compiled compiled+graph --out "$PARTS/pretrain-base-128.json"
-    step pretrain-tiny-128 70 $PY "${PRE[@]}" --preset tiny --seq_len 128 --check --check_graph --profile \
-        "${BEFORE[@]}" --out "$PARTS/pretrain-tiny-128.json"
-    step pretrain-mini-128 70 $PY "${PRE[@]}" --preset mini --seq_len 128 --check --check_graph "${BEFORE[@]}" \
-        --out "$PARTS/pretrain-mini-128.json"
-    step pretrain-base-512 80 $PY "${PRE[@]}" --preset base --seq_len 512 --variants stock eager compiled \
-        compiled+graph --out "$PARTS/pretrain-base-512.json"
-    step finetune 100 $PY benchmarks/finetune_speed.py --device "$DEVICE" --data "$BUNDLE/data" --preset base \
-        --tasks rte --repeats 3 --precisions bf16 --no-memory --out "$PARTS/finetune.json"
-    step correctness 90 "${TESTS[@]}" -k test_correctness
-    step recipe 150 "${TESTS[@]}" -k test_recipe
-    step pretrain-base-128-b256 60 $PY "${PRE[@]}" --preset base --seq_len 128 --tokens 32768 \
-        --variants stock compiled+graph --out "$PARTS/pretrain-base-128-b256.json"
+    RECIPE+=(--quick --seq_len 32 --batch_size 4)  # 128 tokens a step, as pretrain-tiny's
+    FINE+=(--preset tiny --limit 32 --precisions fp32) TUNE=(--repeats 1) GRID=(--learning_rates 5e-5 --batch_sizes 16
+        --epochs 1)
+else  # the limits: estimates of each step on an H100/H200 machine with a few seconds to spare
+    step pretrain-base-128 70 $PY "${PRE[@]}" --preset base --seq_len 128 --check --profile \
+        --variants stock eager compiled+graph --out "$PARTS/pretrain-base-128.json"
+    step pretrain-base-512 45 $PY "${PRE[@]}" --preset base --seq_len 512 --variants stock compiled+graph \
+        --out "$PARTS/pretrain-base-512.json"
+    SMALL=(--seq_len 128 --check "${BEFORE[@]}" --variants stock ${BEFORE:+before} graph compiled+graph)
+    step pretrain-tiny-128 50 $PY "${PRE[@]}" --preset tiny "${SMALL[@]}" --check_graph \
+        --out "$PARTS/pretrain-tiny-128.json"  # and captured steps against uncaptured ones
+    step pretrain-mini-128 40 $PY "${PRE[@]}" --preset mini "${SMALL[@]}" --out "$PARTS/pretrain-mini-128.json"
+    FINE+=(--preset base --precisions bf16) TUNE=(--repeats 2) GRID=()
 fi
+step recipe-speed 100 $PY "${RECIPE[@]}" --out "$PARTS/recipe-speed.json"
+step finetune 70 $PY "${FINE[@]}" "${TUNE[@]}" --out "$PARTS/finetune.json"
+step grid 240 $PY "${FINE[@]}" --grid "${GRID[@]}" --out "$PARTS/grid.json"
+step correctness 90 "${TESTS[@]}" -k test_correctness
+step recipe 150 "${TESTS[@]}" -k test_recipe
 
-# --- summary: one JSON and one Markdown file from the parts (the parts stay if this fails)
-timeout 60 $PY benchmarks/gpu_check_summary.py --parts "$PARTS" --out "$OUTDIR" --status "${STATUS[@]}" 2>&1 |
-    tee -a "$LOG"
+# --- summary: the JSON files and one Markdown file from the parts (the parts stay if this fails)
+COMMIT=$(git rev-parse HEAD 2>/dev/null || cat "$BUNDLE/commit" 2>/dev/null)  # make gpu-bundle writes the latter
+timeout 60 $PY benchmarks/gpu_check_summary.py --parts "$PARTS" --out "$OUTDIR" --device "$DEVICE" \
+    ${COMMIT:+--commit "$COMMIT"} --status "${STATUS[@]}" 2>&1 | tee -a "$LOG"
 if [ "${PIPESTATUS[0]}" = 0 ]; then rm -rf "$PARTS"; fi
 echo "gpu_check: $(($(date +%s) - START)) s; results in $OUTDIR" | tee -a "$LOG"

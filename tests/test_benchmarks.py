@@ -122,9 +122,16 @@ def gpu_check_bundle(tmp_path: Path) -> Path:
     return bundle
 
 
+RECORD_FIGURES = {"finetune_rte_base_bf16_over_stock", "finetune_first_epoch_over_steady", "grid_rte_base_bf16_over_stock",
+                  "recipe_over_step_tiny", "recipe_over_step_mini", "recipe_over_step_base", "pretrain_base_128_mfu",
+                  "pretrain_base_512_mfu"}
+
+
 def run_gpu_check(tmp_path: Path, *extra: str) -> dict:
     """`gpu_check.sh --device cpu --quick` on a bundle the test writes: it ends well, at most 8 files come out
-    (here 3), and the merged record (returned) has the pre-training step's rows for every variant."""
+    (here 4), and the merged record (returned) has the pre-training step's rows for every variant; gpu_record.json
+    is a CPU's (device cpu, today, the commit checked out here) with every figure of issues 62 and 63."""
+    import datetime
     import json
     import os
     import subprocess
@@ -137,8 +144,12 @@ def run_gpu_check(tmp_path: Path, *extra: str) -> dict:
                           timeout=600, env={**os.environ, "PYTHON": sys.executable}, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     files = [p for p in out.rglob("*") if p.is_file()]
-    assert sorted(p.name for p in files) == ["gpu_check.json", "gpu_check.log", "summary.md"]
+    assert sorted(p.name for p in files) == ["gpu_check.json", "gpu_check.log", "gpu_record.json", "summary.md"]
     record = json.loads((out / "gpu_check.json").read_text())
+    filed = json.loads((out / "gpu_record.json").read_text())
+    head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=REPO).stdout.strip()
+    assert filed == record["record"] and filed["device"] == "cpu" and filed["commit"] == (head or None)
+    assert filed["date"] == datetime.date.today().isoformat() and set(filed["figures"]) == RECORD_FIGURES
     assert all(state.startswith("ok") for state in record["status"].values()), record["status"]
     rows = {r["variant"]: r for r in record["pretrain-tiny-32"]["rows"]}
     assert set(rows) == {"stock", "before", "eager", "graph"} and rows["stock"]["vs_stock"] == pytest.approx(1.0)
@@ -164,6 +175,7 @@ def test_gpu_check_runs_a_step_and_its_summary_on_the_cpu(tmp_path):
 
     record = run_gpu_check(tmp_path, "--only", "pretrain-tiny")
     assert record["status"].keys() == {"pretrain-tiny"}
+    assert all(value is None for value in record["record"]["figures"].values())  # none of issue 62's or 63's
     bad = subprocess.run(["bash", str(REPO / "benchmarks" / "gpu_check.sh"), "--devise", "cpu"], capture_output=True,
                          text=True)
     assert bad.returncode == 2 and "unknown option --devise" in bad.stderr
@@ -174,20 +186,83 @@ def test_gpu_check_runs_a_step_and_its_summary_on_the_cpu(tmp_path):
         assert not (tmp_path / "bare" / "gpu_check.json").exists()
 
 
-@pytest.mark.slow  # five processes, 35-50 s on 2 cores (more under load): make test-all; one step above
+@pytest.mark.slow  # eleven processes, 85 s on 2 cores at a load of 5: make test-all; one step above
 def test_gpu_check_runs_every_step_on_the_cpu(tmp_path):
     """`benchmarks/gpu_check.sh --device cpu --quick`: every step of `make gpu-check` at toy size on data the
     test writes (a bundle without wheels: this Python has the packages), the correctness and recipe steps as
     tests/test_gpu.py told the device (BERT_SUITE_TEST_DEVICE=cpu). Each step ends ok; at most 8 files come out;
     the merged record holds every part, and the summary the tests' tables."""
     record = run_gpu_check(tmp_path)
-    assert record["status"].keys() == {"pretrain-tiny", "finetune", "correctness", "recipe"}
+    assert record["status"].keys() == {"pretrain-tiny", "recipe-speed", "finetune", "grid", "correctness", "recipe"}
     assert record["finetune"]["tasks"]["rte"]["train"]["ratio_by_precision"]["fp32"] > 0
+    # the toy run's figures (tiny, fp32; the recipe at pretrain-tiny's 32 x 4); base's step is not measured
+    figures = record["record"]["figures"]
+    measured = {"finetune_rte_base_bf16_over_stock", "finetune_first_epoch_over_steady", "grid_rte_base_bf16_over_stock",
+                "recipe_over_step_tiny"}
+    assert all(isinstance(figures[k], float) and figures[k] > 0 for k in measured), figures
+    assert all(figures[k] is None for k in RECORD_FIGURES - measured), figures
+    recipe = record["recipe-speed"]["presets"]["tiny"]
+    assert recipe["exit"] == 0 and recipe["step_form"] == "eager" and recipe["intervals"] == 8  # 10 lines, 2 dropped
+    assert record["grid"]["ours"]["points"][0]["learning_rate"] == record["grid"]["stock"]["points"][0]["learning_rate"]
     assert [r["head"] for r in record["correctness"]["rows"]] == ["Model", "ForPreTraining"]
     assert record["correctness"]["device"] == "cpu" and record["recipe"]["step_form"] == "eager"
     assert record["recipe"]["uninterrupted"]["exit"] == 0 and record["recipe"]["tokens_per_second"] > 0
     summary = (tmp_path / "out" / "summary.md").read_text()
-    assert "## Correctness" in summary and "## The recipe" in summary
+    assert "## Correctness" in summary and "## The recipe" in summary and "## RTE grid subset" in summary
+    assert "not a GPU's record" in summary
+
+
+def test_gpu_check_summary_figures_goals_and_record_from_hand_made_parts(tmp_path, capsys):
+    """gpu_check_summary.py on parts written by hand: the recipe's padded tokens/s over the best of its step's forms
+    at the same length and tokens a step (not stock's, not another batch's), base's best MFU at each length, the
+    bf16 fine-tuning and grid ratios; the goals met or missed from them; gpu_record.json with the GPU's name and
+    the one line that files it."""
+    import json
+
+    import gpu_check_summary as summary
+
+    def row(preset, length, batch, variant, tokens_per_s, mfu=0.1):
+        return {"preset": preset, "seq_len": length, "batch": batch, "variant": variant, "precision": "bf16",
+                "tokens_per_s": tokens_per_s, "mfu": mfu, "step_ms": 1.0}
+
+    parts = {
+        "pretrain-base-128": {"machine": {"gpu": "NVIDIA H200"}, "rows": [
+            row("base", 128, 128, "stock", 900_000, 0.5), row("base", 128, 128, "eager", 400_000, 0.30),
+            row("base", 128, 128, "compiled+graph", 600_000, 0.46), row("base", 128, 256, "compiled+graph", 700_000)]},
+        "pretrain-base-512": {"rows": [row("base", 512, 32, "compiled+graph", 500_000, 0.38)]},
+        "pretrain-tiny-128": {"rows": [row("tiny", 128, 128, "graph", 4e6), row("tiny", 128, 128, "compiled+graph", 8e6),
+                                       row("tiny", 128, 128, "before", 1e6)]},
+        "recipe-speed": {"presets": {
+            "tiny": {"seq_len": 128, "batch": 128, "tokens_per_step": 16384, "padded_tokens_per_second": 7.6e6},
+            "base": {"seq_len": 128, "batch": 128, "tokens_per_step": 16384, "padded_tokens_per_second": 480_000},
+            "mini": {"seq_len": 128, "batch": 128, "tokens_per_step": 16384, "error": "exit 1"}}},
+        "finetune": {"tasks": {"rte": {
+            "train": {"examples_per_s": {"ours bf16": 320.0, "stock bf16": 100.0}, "ratio_by_precision": {"bf16": 3.2},
+                      "first_over_steady": {"bf16": 1.8}},
+            "predict": {"examples_per_s": {"ours bf16": 900.0, "stock bf16": 450.0}, "ratio_by_precision": {"bf16": 2.0}}}}},
+        "grid": {"ratio": 4.0, "precision": "bf16", "ours": {"seconds": 50.0, "points": [{}] * 6},
+                 "stock": {"seconds": 200.0}}}
+    for name, part in parts.items():
+        (tmp_path / "parts").mkdir(exist_ok=True)
+        (tmp_path / "parts" / f"{name}.json").write_text(json.dumps(part))
+    merged = summary.main(["--parts", str(tmp_path / "parts"), "--out", str(tmp_path / "out"), "--commit", "abc123"])
+    figures = merged["record"]["figures"]
+    assert figures == {"finetune_rte_base_bf16_over_stock": 3.2, "finetune_first_epoch_over_steady": 1.8,
+                       "grid_rte_base_bf16_over_stock": 4.0, "recipe_over_step_tiny": pytest.approx(0.95),
+                       "recipe_over_step_mini": None, "recipe_over_step_base": pytest.approx(0.8),
+                       "pretrain_base_128_mfu": 0.46, "pretrain_base_512_mfu": 0.38}
+    met = {g["goal"].split(":")[0]: g["met"] for g in merged["goals"]}
+    assert met == {"base at 128": True, "base at 512": False, "the recipe, tiny": True, "the recipe, mini": None,
+                   "the recipe, base": False, "fine-tuning base on RTE, bf16": True, "fine-tuning": False,
+                   "RTE grid subset, base, bf16": False, "tiny": True, "mini": None}
+    filed = json.loads((tmp_path / "out" / "gpu_record.json").read_text())
+    assert filed == {"device": "NVIDIA H200", "date": filed["date"], "commit": "abc123", "figures": figures}
+    assert f"cp {tmp_path / 'out'}/gpu_record.json benchmarks/results/gpu/{filed['date']}-nvidia-h200.json" in \
+        capsys.readouterr().out
+    # a CPU run of one precision gives that precision's figures; no device, no commit: null, and nothing to file
+    assert summary.in_precision({"fp32": 2.0}) == 2.0 and summary.in_precision({"fp32": 2.0, "bf16": 3.0}) == 3.0
+    assert summary.record({}, "cuda", None) == {"device": None, "date": filed["date"], "commit": None,
+                                                "figures": dict.fromkeys(figures)}
 
 
 def test_random_batches_have_a_fixed_number_of_masks_inside_the_sequence():
