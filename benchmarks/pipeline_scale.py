@@ -1,19 +1,16 @@
 # Command: .venv/bin/python benchmarks/pipeline_scale.py [--sizes_mb 100 300 1000] [--letters_sizes_mb 100 300] [--num_proc 1 2] [--work_dir /tmp/pipeline_scale]
-"""The data pipeline against corpus size: `bert-suite tokenizer` beside `tokenizers`' WordPieceTrainer,
-and `bert-suite pretrain-data`, in time and peak memory, at 100 MB, 300 MB and 1 GB.
+"""The data pipeline against corpus size: `bert-suite tokenizer` beside `tokenizers`' WordPieceTrainer, and
+`bert-suite pretrain-data`, in time and peak memory, at 100 MB, 300 MB and 1 GB.
 
-Corpora, written once into --work_dir: synthetic Zipf text (zipf_corpus.py: Heaps' law growth of distinct words,
-~0.7); with --letters_sizes_mb, text with little subword structure (pseudo-words of letters drawn independently),
-where the merges touch most words; and a real-text point, the shared corpora concatenated (skipped without
-../shared/data). Every run is its own process, timed from start to exit (imports included), its memory sampled
-every 0.5 s: `peak_mib` the largest sum of the process tree's proportional set sizes (PSS: pages shared between
-forked workers count once), `worker_peak_mib` the largest process's, `anon_peak_mib` / `worker_anon_peak_mib` the
-same for anonymous memory only (file pages such as memory-mapped Arrow output count in PSS, but the kernel can drop
-them). Vocabulary: 30,522, uncased, min_frequency 2, both trainers on the same file and cores (`--num_proc` P for
-ours; RAYON_NUM_THREADS=P for `tokenizers`). Instances: length 128, dupe_factor 1, dynamic masking, with our
-vocabulary. Rows go to benchmarks/results/pipeline_scale.json as they finish (a rerun skips the rows it has; `--redo
-vocabulary` measures a stage's again), each naming its CPU, with the table pipeline_scale.md.
-"""
+Corpora, written once into --work_dir: synthetic Zipf text (zipf_corpus.py); with --letters_sizes_mb, text with
+little subword structure, where the merges touch most words; a real-text point, the shared corpora concatenated. Each
+run is a process timed from start to exit (imports included), its memory sampled every 0.5 s: `peak_mib` the largest
+sum of the process tree's proportional set sizes (PSS: pages shared by forked workers count once), `worker_peak_mib`
+the largest process's, `anon_peak_mib` / `worker_anon_peak_mib` of anonymous memory only (file pages such as mapped
+Arrow output count in PSS, but the kernel can drop them). Vocabulary: 30,522, uncased, min_frequency 2, both trainers
+on the same file and cores (`--num_proc` P; RAYON_NUM_THREADS=P for `tokenizers`). Instances: length 128, dupe_factor
+1, dynamic masking, our vocabulary. Rows go to benchmarks/results/pipeline_scale.json as they finish (a rerun skips
+the rows it has; `--redo vocabulary` measures a stage's again), each naming its CPU, and the table to its .md."""
 
 from __future__ import annotations
 
@@ -79,20 +76,13 @@ def run_measured(command: list[str], env: dict | None = None, timeout: float = 7
     root = psutil.Process(proc.pid)
     peak = worker_peak = anon_peak = worker_anon_peak = 0.0
     while proc.poll() is None:
-        total = anon = 0.0
         try:
-            tree = [root, *root.children(recursive=True)]
+            sizes = [found for member in [root, *root.children(recursive=True)] if (found := _pss_mib(member.pid))]
         except psutil.NoSuchProcess:
             break
-        for member in tree:
-            sizes = _pss_mib(member.pid)
-            if sizes is None:
-                continue
-            total += sizes[0]
-            anon += sizes[1]
-            worker_peak = max(worker_peak, sizes[0])
-            worker_anon_peak = max(worker_anon_peak, sizes[1])
-        peak, anon_peak = max(peak, total), max(anon_peak, anon)
+        peak, anon_peak = max(peak, sum(s[0] for s in sizes)), max(anon_peak, sum(s[1] for s in sizes))
+        worker_peak = max([worker_peak, *(s[0] for s in sizes)])
+        worker_anon_peak = max([worker_anon_peak, *(s[1] for s in sizes)])
         if time.perf_counter() - start > timeout:
             proc.kill()
             raise RuntimeError(f"{' '.join(command)}: over {timeout} s")
@@ -110,12 +100,10 @@ def _pss_mib(pid: int) -> tuple[float, float] | None:
     read; psutil's memory_full_info parses the whole smaps, which took half a core to sample torch's
     processes). Anonymous: the heap, what the process really holds; the rest is file pages (shared
     libraries, memory-mapped Arrow files) that the kernel can drop."""
-    values = {}
     try:
         with open(f"/proc/{pid}/smaps_rollup") as f:
-            for line in f:
-                if line.startswith(("Pss:", "Pss_Anon:")):
-                    values[line.split(":")[0]] = int(line.split()[1]) / 1024
+            values = {line.split(":")[0]: int(line.split()[1]) / 1024 for line in f
+                      if line.startswith(("Pss:", "Pss_Anon:"))}
     except OSError:
         return None
     return (values["Pss"], values.get("Pss_Anon", values["Pss"])) if "Pss" in values else None
@@ -164,10 +152,8 @@ def main(argv=None) -> None:
                 partial.rename(path)
                 (args.work_dir / f"{kind}_{size:g}mb.json").write_text(json.dumps(info))
             corpora.append((f"{kind}_{size:g}mb", path))
-    bert_suite = [sys.executable, "-m", "bert_suite.cli"]
-    hf_script = args.work_dir / "hf_trainer.py"
-    hf_script.write_text(HF_TRAINER)
-    kind = common.cpu_kind()
+    bert_suite, kind = [sys.executable, "-m", "bert_suite.cli"], common.cpu_kind()
+    (hf_script := args.work_dir / "hf_trainer.py").write_text(HF_TRAINER)
     record["machine"] = {"cpu": kind["cpu"], "cores": os.cpu_count(), "cpu_flags": kind["flags"],
                          "native_bf16": kind["native_bf16"], "python": sys.version.split()[0]}
 
@@ -192,7 +178,6 @@ def main(argv=None) -> None:
 
     out = args.work_dir / "out"
     for corpus, path in corpora:
-        size_mb = path.stat().st_size / 1e6
         for p in args.num_proc:
             measure(corpus, path, "vocabulary", "bert_suite", p,
                     [*bert_suite, "tokenizer", "--input", str(path), "--vocab_size", str(args.vocab_size),
@@ -202,7 +187,7 @@ def main(argv=None) -> None:
             measure(corpus, path, "vocabulary", "tokenizers", p,
                     [sys.executable, str(hf_script), str(path), str(args.vocab_size), str(out / f"{corpus}_hf.json")],
                     env={"RAYON_NUM_THREADS": str(p), "TOKENIZERS_PARALLELISM": "true"})
-        if size_mb <= args.instances_max_mb:
+        if path.stat().st_size / 1e6 <= args.instances_max_mb:
             for p in args.instances_num_proc or args.num_proc:
                 measure(corpus, path, "instances", "bert_suite", p,
                         [*bert_suite, "pretrain-data", "--input", str(path), "--tokenizer", str(vocab),

@@ -20,9 +20,8 @@ DEFAULT_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
 
 def corpus_files(data: Path) -> list[Path]:
-    books = sorted((data / "corpus" / "gutenberg").glob("*.txt"))
-    wiki = sorted((data / "corpus" / "wikitext-2-raw").glob("*.raw"))
-    return books + wiki
+    corpus = data / "corpus"
+    return sorted((corpus / "gutenberg").glob("*.txt")) + sorted((corpus / "wikitext-2-raw").glob("*.raw"))
 
 
 def floor(files: list[Path], tokenizer) -> tuple[float, int, int]:
@@ -30,9 +29,7 @@ def floor(files: list[Path], tokenizer) -> tuple[float, int, int]:
     from bert_suite.pretraining.instances import TOKENIZE_BATCH
     from bert_suite.pretraining.text_files import iter_documents
 
-    start = time.perf_counter()
-    sentences = tokens = 0
-    batch: list[str] = []
+    start, sentences, tokens, batch = time.perf_counter(), 0, 0, []
 
     def flush():
         nonlocal tokens
@@ -67,8 +64,7 @@ def main() -> int:
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="the shared data folder")
     parser.add_argument("--repeat", type=int, default=2, help="runs of each; the fastest counts")
     args = parser.parse_args()
-    vocab = args.data / "vocab" / "bert-base-uncased" / "vocab.txt"
-    files = corpus_files(args.data)
+    vocab, files = args.data / "vocab" / "bert-base-uncased" / "vocab.txt", corpus_files(args.data)
     if not vocab.is_file() or not files:
         print(f"SKIP: no corpus or bert-base-uncased vocab under {args.data}; nothing measured")
         return 0
@@ -81,10 +77,8 @@ def main() -> int:
     tokenizer = load_pretraining_tokenizer(str(vocab))
     floors, pipes = [], []
     for _ in range(max(1, args.repeat)):  # alternate, so drift in machine speed hits both alike
-        seconds, sentences, tokens = floor(files, tokenizer)
-        floors.append(seconds)
-        seconds, stats = pipeline(files, tokenizer)
-        pipes.append(seconds)
+        (seconds, sentences, tokens), (built, stats) = floor(files, tokenizer), pipeline(files, tokenizer)
+        floors, pipes = [*floors, seconds], [*pipes, built]
     if stats["corpus_tokens"] != tokens or stats["sentences"] != sentences:
         print(f"WARNING: floor saw {sentences} sentences / {tokens} tokens, the pipeline "
               f"{stats['sentences']} / {stats['corpus_tokens']}", file=sys.stderr)

@@ -2,24 +2,20 @@
 #          python benchmarks/pretrain_step.py --device cuda --preset base --seq_len 128 [--check] [--check_graph]
 """Pre-training step speed: ours against `transformers.BertForPreTraining`, on the CPU or a CUDA device.
 
-One step = forward + backward + clipping (1.0) + fused AdamW (the Trainer's default), fp32 master weights, bf16
-autocast over the forward and the loss in bf16. Variants, each its own model (the same weights) and optimizer:
-  stock  BertForPreTraining (SDPA), the MLM decoder at every position, a plain loop;  before: `ours` of --before
-  ours   BertSuiteForPreTraining in that loop, masked_positions_only (the decoder at the masked positions only)
-  eager  the recipe's static step (pretraining.step);  compiled: its regions compiled;  graph: one CUDA graph a step
---device cpu (default): ours and stock in fp32 and bf16 on masked batches (80/10/10, at most 20 a sequence at 128)
-of `pretrain-data` instances of the WikiText-2 test split with the released vocabulary (../shared/data; skipped
-without it); each timed repetition a process of its own, as users run each side (the recipe's allocator settings
-for ours, glibc's for stock and before), its peak RSS the run's memory; MFU against the matmul FLOP/s measured in the
-same run, per precision; goals per kind of CPU (GOALS). --device cuda: every variant but ours, bf16, in one process,
-on full-length batches of random tokens (the work does not depend on them) of --tokens tokens with the recipe's
-masked positions (at most 20 at 128, 80 at 512); MFU against --peak_tflops (989: H100/H200 SXM dense bf16); peak GPU
-memory. Runs alternate; medians. FLOPs: common.encoder_flops (x3), the same for every variant (padding and the decoder
-at unmasked positions are waste). Also |loss ours - stock| without dropout; --check (CUDA): the static step under
-torch.cuda.set_sync_debug_mode("error"); --check_graph (CUDA): captured steps against uncaptured ones over 3 steps
-with dropout (the same losses); --profile: where one step of each run spends its time. Result:
-runs/bench/pretrain_step[-cuda].json (--out) and tables.
-"""
+One step = forward + backward + clipping (1.0) + fused AdamW, fp32 master weights, bf16 autocast over the forward
+and the loss in bf16. Variants, each its own model (the same weights) and optimizer: stock (BertForPreTraining, SDPA,
+the MLM decoder at every position, a plain loop), before (`ours` of --before), ours (BertSuiteForPreTraining in that
+loop, the decoder at the masked positions only), and the recipe's static step (pretraining.step): eager, compiled
+(its regions), graph (one CUDA graph a step). --device cpu (default): ours and stock in fp32 and bf16 on masked
+`pretrain-data` batches of the WikiText-2 test split with the released vocabulary (../shared/data), each timed
+repetition a process of its own as users run each side (the recipe's allocator settings for ours, glibc's else), its
+peak RSS the run's memory; MFU against the matmul FLOP/s measured in the same run; goals per kind of CPU (GOALS).
+--device cuda: every variant but ours, bf16, in one process, on full-length batches of random tokens, --tokens a
+step, with the recipe's masked positions (20 at 128, 80 at 512); MFU against --peak_tflops (989: H100/H200 dense
+bf16); peak GPU memory. Runs alternate; medians; FLOPs: common.encoder_flops x 3 for every variant. Also |loss ours -
+stock| without dropout; --check (CUDA): the static step under torch.cuda.set_sync_debug_mode("error"); --check_graph
+(CUDA): captured against uncaptured steps, 3 with dropout; --profile: where a step's time goes. Result:
+runs/bench/pretrain_step[-cuda].json (--out) and tables."""
 
 from __future__ import annotations
 
@@ -59,8 +55,7 @@ GOALS = {"tiny": {"ours/stock fp32": 4.5, "ours bf16/fp32": 1.8}, "mini": {"ours
 
 def goals(rows: list[dict], native_bf16: str | None) -> list[dict]:
     """Each goal of GOALS that `rows` measured, on this kind of CPU: preset, goal, measured ratio, met."""
-    out = []
-    runs = {(r["preset"], r["variant"], r["precision"]): r for r in rows}
+    out, runs = [], {(r["preset"], r["variant"], r["precision"]): r for r in rows}
     for preset in dict.fromkeys(r["preset"] for r in rows):
         goal, fp32, bf16 = GOALS.get(preset, {}), runs.get((preset, "ours", "fp32")), runs.get((preset, "ours", "bf16"))
         if "ours/stock fp32" in goal and fp32 and "vs_stock" in fp32:
@@ -92,14 +87,13 @@ def parse_args(argv=None):
     p.add_argument("--corpus", type=Path, help="default: DATA/corpus/wikitext-2-raw/wiki.test.raw")
     p.add_argument("--seq_len", type=int, default=128)
     p.add_argument("--batch_size", type=int, help="of corpus batches (default per preset: " + str(BATCH) + ")")
-    p.add_argument("--tokens", type=int, help="full-length batches of random tokens, this many a step, instead of "
-                   "the corpus's (default on CUDA: 16,384)")
+    p.add_argument("--tokens", type=int, help="random full-length batches of this many tokens (CUDA: 16,384)")
     p.add_argument("--steps", type=int, help="steps a repetition (default 3 on the CPU, base a third; 10 on CUDA)")
     p.add_argument("--repeats", type=int, help="default 5 on the CPU, 3 on CUDA")
-    p.add_argument("--quick", action="store_true", help="3 repetitions of 2 steps (make bench)")
-    p.add_argument("--in_process", action="store_true", help="on the CPU too, time every run in this process")
     p.add_argument("--matmul_size", type=int, default=2048, help="n of the n^3 products measuring the CPU's peak")
     p.add_argument("--peak_tflops", type=float, help="the dense peak (default: 989 on CUDA, measured on the CPU)")
+    p.add_argument("--quick", action="store_true", help="3 repetitions of 2 steps (make bench)")
+    p.add_argument("--in_process", action="store_true", help="on the CPU too, time every run in this process")
     for flag in ("--check", "--check_graph", "--profile"):
         p.add_argument(flag, action="store_true")
     p.add_argument("--out", help="runs/bench/NAME.json or a path.json (default pretrain_step[-cuda])")
@@ -113,10 +107,9 @@ def parse_args(argv=None):
     args.precisions = args.precisions or (["bf16"] if cuda else ["fp32", "bf16"])
     args.vocab = args.vocab or args.data / "vocab" / "bert-base-uncased" / "vocab.txt"
     args.corpus = args.corpus or args.data / "corpus" / "wikitext-2-raw" / "wiki.test.raw"
-    args.tokens = args.tokens or (16384 if cuda else None)
-    args.steps = args.steps or (2 if args.quick else 10 if cuda else 3)
-    args.repeats = args.repeats or (3 if args.quick or cuda else 5)
-    args.out = args.out or ("pretrain_step-cuda" if cuda else "pretrain_step")
+    args.tokens, args.out = args.tokens or (16384 if cuda else None), args.out or f"pretrain_step{'-cuda' * cuda}"
+    args.steps, args.repeats = args.steps or (2 if args.quick else 10 if cuda else 3), args.repeats or (
+        3 if args.quick or cuda else 5)
     if "before" in args.variants and not args.before:
         p.error("the before variant needs --before")
     if len(args.precisions) > 1 and set(args.variants) & set(FORMS) and not args.child:
@@ -138,17 +131,15 @@ def corpus_batches(args, tokenizer, count: int, batch_size: int) -> list[dict]:
     with tempfile.TemporaryDirectory() as tmp:
         build_pretraining_dataset([str(args.corpus)], tokenizer, tmp, max_seq_length=args.seq_len, num_proc=1)
         rows = datasets.load_from_disk(tmp).select(range(count * batch_size)).to_list()
-    collator = MaskingCollator(tokenizer, max_predictions_per_seq=predictions(args.seq_len))
-    generator = torch.Generator().manual_seed(0)
+    collator, generator = MaskingCollator(tokenizer, max_predictions_per_seq=predictions(args.seq_len)), \
+        torch.Generator().manual_seed(0)
     return [collator.mask(collator.pad(rows[i * batch_size:(i + 1) * batch_size]), generator) for i in range(count)]
 
 
 def random_batches(vocab_size: int, seq_len: int, batch: int, count: int) -> list[dict]:
     """Full-length batches with the recipe's number of masked positions per sequence (never the first or
     last token), labels at every position (-100 elsewhere): the form the collator makes."""
-    g = torch.Generator().manual_seed(seq_len)
-    masked = min(predictions(seq_len), round(0.15 * seq_len))
-    out = []
+    g, masked, out = torch.Generator().manual_seed(seq_len), min(predictions(seq_len), round(0.15 * seq_len)), []
     for _ in range(count):
         ids = torch.randint(999, vocab_size, (batch, seq_len), generator=g)
         labels = torch.full_like(ids, -100)
@@ -233,8 +224,7 @@ def static_form(batches: list[dict], seq_len: int, device: str):
 def build_runs(args, preset: str, config, weights: dict, batches: list[dict], names: list[str]):
     """name ("ours bf16") -> run(count=None) on the device; errors by name (one variant failing must not sink the
     rest); the recipe's forms by name."""
-    device = args.device
-    dynamic = [{k: v.to(device) for k, v in b.items()} for b in batches]
+    device, dynamic = args.device, [{k: v.to(args.device) for k, v in b.items()} for b in batches]
     static, num_items = static_form(batches, args.seq_len, device) if any(
         n.split()[0] in FORMS for n in names) else (None, None)
     runs, errors, forms = {}, {}, {}
@@ -257,8 +247,8 @@ def build_runs(args, preset: str, config, weights: dict, batches: list[dict], na
 def child(args) -> None:
     """One timed repetition of one run, in a process of its own as its users run it (the recipe's allocator settings
     for ours): one warm-up step, then the steps once; prints the seconds and the peak RSS."""
-    memory = {"allocator": "default"} if args.child.split()[0] in ("stock", "before") else tune()
-    state = torch.load(args.state)
+    memory, state = {"allocator": "default"} if args.child.split()[0] in ("stock", "before") else tune(), \
+        torch.load(args.state)
     config = BertSuiteConfig.from_preset(args.presets[0], vocab_size=state["vocab_size"])
     runs, errors, _ = build_runs(args, args.presets[0], config, state.pop("weights"), state["batches"], [args.child])
     if errors:
@@ -329,8 +319,7 @@ def graph_equals_eager(args, config, weights: dict, batches: list[dict], compile
     losses, embeddings = {}, {}
     for variant in (("compiled", "compiled+graph") if compiled else ("eager", "graph")):
         form = Form(variant, make_model(variant, "", config, weights), args.device, args.precisions[0])
-        torch.manual_seed(1)
-        torch.cuda.manual_seed(1)
+        torch.manual_seed(1)  # and every CUDA device's generator
         losses[variant] = []
         for batch in static:
             form.step([batch], num_items)
@@ -370,9 +359,8 @@ def bench_preset(args, preset: str, tokenizer, peaks: dict) -> tuple[list[dict],
         if apart else timed_here(args, runs, errors)
     lengths = [n for b in batches for n in (b["attention_mask"].sum(1).tolist() if "attention_mask" in b
                                             else [args.seq_len] * len(b["input_ids"]))]
-    tokens, masked = sum(lengths), sum(int((b["labels"] != -100).sum()) for b in batches)
+    tokens, masked, rows = sum(lengths), sum(int((b["labels"] != -100).sum()) for b in batches), []
     flops = 3 * common.encoder_flops(config, lengths, masked)
-    rows = []
     for name, found in timed.items():
         t = common.median(found["seconds"])
         rows.append({"preset": preset, "seq_len": args.seq_len, "batch": size, "variant": name.split()[0],
@@ -386,8 +374,7 @@ def bench_preset(args, preset: str, tokenizer, peaks: dict) -> tuple[list[dict],
                 r[f"vs_{other}"] = r["tokens_per_s"] / speed[other, r["precision"]]
         if r["precision"] == "bf16" and (r["variant"], "fp32") in speed:
             r["bf16/fp32"] = r["tokens_per_s"] / speed[r["variant"], "fp32"]
-        if args.profile and f"{r['variant']} {r['precision']}" in runs:
-            run = runs[f"{r['variant']} {r['precision']}"]
+        if args.profile and (run := runs.get(f"{r['variant']} {r['precision']}")):
             run(1)  # warm (on the CPU, nothing ran in this process yet)
             r["profile"] = common.profile(lambda run=run: run(1), args.device)
     if args.check and cuda:
@@ -395,11 +382,10 @@ def bench_preset(args, preset: str, tokenizer, peaks: dict) -> tuple[list[dict],
         checks["sync"] = {name: sync_check(form, batches[0], args.seq_len, num_items, args.device)
                           for name, form in forms.items()}
     for compiled in (False, True) if args.check_graph and cuda else ():
-        key = "graph_vs_eager compiled" if compiled else "graph_vs_eager"
         try:
-            checks[key] = graph_equals_eager(args, config, weights, made, compiled)
+            checks[f"graph_vs_eager{' compiled' * compiled}"] = graph_equals_eager(args, config, weights, made, compiled)
         except Exception as err:
-            checks[key] = f"{type(err).__name__}: {err}"
+            checks[f"graph_vs_eager{' compiled' * compiled}"] = f"{type(err).__name__}: {err}"
     return rows, checks, errors
 
 
@@ -409,11 +395,7 @@ def main(argv=None) -> dict:
     if args.child:  # a child of this script: the parent checked everything
         return child(args) or {}
     cuda = args.device.startswith("cuda")
-    if cuda and not torch.cuda.is_available():
-        common.skip("no CUDA device here (--device cpu measures the CPU)")
-    for path in (args.vocab, args.corpus) if not args.tokens else ():
-        if not path.is_file():
-            common.skip(f"{path} not found (pass --data, --vocab or --corpus)")
+    common.need((args.vocab, args.corpus) if not args.tokens else (), cuda, " (pass --data, --vocab or --corpus)")
     tokenizer = None if args.tokens else load_pretraining_tokenizer(str(args.vocab))
     torch.backends.cuda.matmul.allow_tf32 = True  # as the recipe
     machine, started, measured = common.machine(), time.time(), not (cuda or args.peak_tflops)
@@ -422,13 +404,10 @@ def main(argv=None) -> dict:
              for p in args.precisions}
 
     def peaks():
-        if measured:
-            return {p: common.matmul_flops_per_second(torch.float32 if p == "fp32" else torch.bfloat16, size)
-                    for p, size in sizes.items()}
-        return {p: (args.peak_tflops or 989.0) * 1e12 for p in sizes}
+        return {p: common.matmul_flops_per_second(torch.float32 if p == "fp32" else torch.bfloat16, size) if measured
+                else (args.peak_tflops or 989.0) * 1e12 for p, size in sizes.items()}
 
-    before = peaks()
-    rows, checks, errors = [], {}, {}
+    before, rows, checks, errors = peaks(), [], {}, {}
     for preset in args.presets:
         found, checks[preset], failed = bench_preset(args, preset, tokenizer, before)
         rows += found
@@ -463,10 +442,9 @@ def report(payload: dict) -> None:
         profiled = [r for r in rows if r["preset"] == preset and "profile" in r]
         if profiled:
             best = max(profiled, key=lambda r: r["tokens_per_s"])
-            print(f"\n{preset}: one step\n" + common.breakdown_table(
-                {f"{r['variant']} {r['precision']}": r["profile"] for r in profiled}))
-            print(f"{preset}, {best['variant']} {best['precision']}: one step's top")
-            print("\n".join(best["profile"]["top"]))
+            print(f"\n{preset}: one step\n" + common.breakdown_table({f"{r['variant']} {r['precision']}": r["profile"]
+                                                                      for r in profiled}))
+            print(f"{preset}, {best['variant']} {best['precision']}: one step's top", *best["profile"]["top"], sep="\n")
 
 
 if __name__ == "__main__":

@@ -1,15 +1,12 @@
 """Synthetic pre-training corpora of any size with a realistic vocabulary growth, for pipeline_scale.py.
 
-Word ranks are drawn from a Zipf-Mandelbrot law, P(rank k) ~ (k + Q)^-A with A = 1.4 and Q = 10: the most frequent
-word is ~3.4% of the tokens (English "the": ~6%) and the distinct words grow as Heaps' law with exponent ~0.7
-(English text: 0.4-0.7), measured: 116k distinct words at 10 MB, 246k at 30 MB. Rank k is spelt from syllables
-(digits of a scrambled k in base 100), short for frequent words. Documents are 5-40 sentences of 4-30 words, one
-sentence a line, a blank line between documents (`--format lines`), first word capitalised, a comma now and then, a
-full stop at the end. Deterministic for a seed. `write_letters_corpus`: little subword structure (as names,
-identifiers, code or agglutinative text): Zipf ranks (exponent 1.1 over 8M types), each type 2 to 10 letters drawn
-independently by their English frequency, so no piece recurs the way stems and suffixes do (1.1M distinct words at
-100 MB); 15 words a line, a blank line every 40 lines.
-"""
+Word ranks follow a Zipf-Mandelbrot law, P(rank k) ~ (k + Q)^-A, A = 1.4, Q = 10: the most frequent word ~3.4% of the
+tokens (English "the": ~6%), distinct words growing as Heaps' law with exponent ~0.7 (English: 0.4-0.7; 116k at 10
+MB, 246k at 30 MB); rank k spelt from syllables (digits of a scrambled k in base 100), short for frequent words.
+Documents of 5-40 sentences of 4-30 words, a sentence a line, a blank line between documents (`--format lines`).
+`write_letters_corpus`: little subword structure (names, identifiers, agglutinative text): Zipf ranks (exponent 1.1
+over 8M types), each type 2-10 letters drawn by English frequency, so no piece recurs as stems and suffixes do (1.1M
+distinct words at 100 MB); 15 words a line, a blank line every 40 lines. Deterministic for a seed."""
 
 from __future__ import annotations
 
@@ -97,8 +94,7 @@ def write_letters_corpus(path: str | Path, size_bytes: int, seed: int = 0, types
                     word = spelt[k] = spelling[int(ends[k] - lengths[k]): int(ends[k])]
                 table.append(word)
             lines = [" ".join(table[i: i + 15]) + " ." for i in range(0, len(table), 15)]
-            chunks = [lines[i: i + 40] for i in range(0, len(lines), 40)]
-            text = "".join("\n".join(chunk) + "\n\n" for chunk in chunks)
+            text = "".join("\n".join(lines[i: i + 40]) + "\n\n" for i in range(0, len(lines), 40))
             f.write(text)
             written += len(text.encode())
             words += len(table)
