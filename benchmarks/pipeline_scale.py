@@ -2,7 +2,7 @@
 """The data pipeline against corpus size: `bert-suite tokenizer` beside `tokenizers`' WordPieceTrainer, and
 `bert-suite pretrain-data`, in time and peak memory, at 100 MB, 300 MB and 1 GB.
 
-Corpora, written once into --work_dir: synthetic Zipf text (zipf_corpus.py); with --letters_sizes_mb, text with
+Corpora, written once into --work_dir: synthetic Zipf text (tools/zipf_corpus.py); with --letters_sizes_mb, text with
 little subword structure, where the merges touch most words; a real-text point, the shared corpora concatenated. Each
 run is a process timed from start to exit (imports included), its memory sampled every 0.5 s: `peak_mib` the largest
 sum of the process tree's proportional set sizes (PSS: pages shared by forked workers count once), `worker_peak_mib`
@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 import common  # noqa: E402
 from zipf_corpus import write_letters_corpus, write_zipf_corpus  # noqa: E402
 

@@ -13,6 +13,7 @@ import pytest
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 sys.path.insert(0, str(BENCH))
+sys.path.insert(0, str(BENCH.parent / "tools"))  # zipf_corpus.py, the synthetic corpora
 
 import common  # noqa: E402
 import pretrain_step  # noqa: E402

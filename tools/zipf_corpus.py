@@ -1,4 +1,4 @@
-"""Synthetic pre-training corpora of any size with a realistic vocabulary growth, for pipeline_scale.py.
+"""Synthetic pre-training corpora of any size with a realistic vocabulary growth, for benchmarks/pipeline_scale.py.
 
 Word ranks follow a Zipf-Mandelbrot law, P(rank k) ~ (k + Q)^-A, A = 1.4, Q = 10: the most frequent word ~3.4% of the
 tokens (English "the": ~6%), distinct words growing as Heaps' law with exponent ~0.7 (English: 0.4-0.7; 116k at 10
