@@ -6,7 +6,7 @@ One step = forward + backward + clipping (1.0) + fused AdamW, fp32 master weight
 and the loss in bf16. Variants, each its own model (the same weights) and optimizer: stock (BertForPreTraining, SDPA,
 the MLM decoder at every position, a plain loop), before (`ours` of --before), ours (BertSuiteForPreTraining in that
 loop, the decoder at the masked positions only), and the recipe's static step (pretraining.step): eager, compiled
-(its regions), graph (one CUDA graph a step). --device cpu (default): ours and stock in fp32 and bf16 on masked
+(its regions), graph (one CUDA graph a step), compiled+graph+bf16res (with the recipe's bf16_residual). --device cpu (default): ours and stock in fp32 and bf16 on masked
 `pretrain-data` batches of the WikiText-2 test split with the released vocabulary (../shared/data), each timed
 repetition a process of its own as users run each side (the recipe's allocator settings for ours, glibc's else), its
 peak RSS the run's memory; MFU against the matmul FLOP/s measured in the same run; goals per kind of CPU (GOALS).
@@ -34,6 +34,7 @@ from accelerate.utils import AutocastKwargs
 
 from bert_suite import BertSuiteConfig, BertSuiteForPreTraining
 from bert_suite.allocator import tune
+from bert_suite.modeling_bert_suite import residual_in_autocast_dtype
 from bert_suite.precision import native_bf16_flag
 from bert_suite.pretraining import step as recipe
 from bert_suite.pretraining.masking import MaskingCollator, static_batch
@@ -44,7 +45,7 @@ import common  # noqa: E402
 
 BATCH = {"tiny": 32, "mini": 32, "small": 32, "medium": 16, "base": 16, "large": 4}  # on the CPU
 CAPS = {128: 20, 512: 80}  # the recipe's max_predictions_per_seq at each length
-VARIANTS = ("stock", "ours", "before", "eager", "compiled", "graph", "compiled+graph")
+VARIANTS = ("stock", "ours", "before", "eager", "compiled", "graph", "compiled+graph", "compiled+graph+bf16res")
 FORMS = VARIANTS[3:]  # the recipe's step
 # The CPU speed goals per preset at its BATCH (issue 37; medians, one run, 2 threads): ours/stock in fp32, and
 # ours in bf16 over ours in fp32 where the CPU does bf16 natively. On any CPU, ours/stock under bf16 is at
@@ -198,7 +199,8 @@ class Form:
         if Form.accelerator is None:
             Form.accelerator = Accelerator(cpu=device == "cpu", mixed_precision="bf16" if precision == "bf16" else "no",
                                            kwargs_handlers=[AutocastKwargs(cache_enabled=False)])
-        graph, compiled = variant.endswith("graph"), variant.startswith("compiled")
+        graph, compiled = "graph" in variant, variant.startswith("compiled")
+        residual_in_autocast_dtype(model, variant.endswith("bf16res"))  # the recipe's bf16_residual (issue 63)
         if compiled:
             recipe.compile_regions(model)
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01, fused=True,
