@@ -86,7 +86,7 @@ SQUAD_CARD = $(if $(filter 2 2.0,$(VERSION)),squad/v2,squad/v1)
 .PHONY: squad
 squad: install  ## the SQuAD grid (VERSION=1|2)
 	$(BIN)/bert-suite grid $(SQUAD_CARD) --model $(MODEL) --output_dir $(or $(SQUAD_OUT),runs/squad-v$(VERSION)-grid) \
-		$(DATA_FLAGS) $(GRID_ARGS)
+		$(DATA_FLAGS) $(WORKER_FLAGS) $(GRID_ARGS)
 
 # ---- SWAG and CoNLL-2003 NER: the cards' grids (see docs/swag-ner.md) -------------------
 # NER_CONTEXT=document|sentence (the paper: document context)
@@ -95,12 +95,12 @@ NER_CONTEXT ?= document
 .PHONY: swag ner
 swag: install  ## the SWAG grid
 	$(BIN)/bert-suite grid swag --model $(MODEL) --output_dir $(or $(SWAG_OUT),runs/swag-grid) \
-		$(DATA_FLAGS) $(GRID_ARGS)
+		$(DATA_FLAGS) $(WORKER_FLAGS) $(GRID_ARGS)
 
 ner: install  ## the CoNLL-2003 grid (NER_CONTEXT=document|sentence)
 	$(BIN)/bert-suite grid conll2003 --model $(or $(NER_MODEL),google-bert/bert-base-cased) --context $(NER_CONTEXT) \
 		--output_dir $(or $(NER_OUT),runs/conll2003-$(NER_CONTEXT)-grid) \
-		$(DATA_FLAGS) $(GRID_ARGS)
+		$(DATA_FLAGS) $(WORKER_FLAGS) $(GRID_ARGS)
 
 # ---- Pre-training (see docs/pretraining.md) ---------------------------------------------------
 # `make pretrain` runs the tiny config end to end on the embedded corpus (stdlib documentation);
