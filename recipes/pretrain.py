@@ -244,7 +244,7 @@ def main(argv=None):
     positions = model.config.max_position_embeddings
     # the residual stream in bf16 under autocast (auto: on with CUDA); nothing changes in an fp32 run
     low_precision_residual = resolve_switch(cfg.bf16_residual, accelerator.device.type) and \
-        accelerator.mixed_precision in ("bf16", "fp16")
+        accelerator.mixed_precision == "bf16"
     residual_in_autocast_dtype(model, low_precision_residual)
     phase_data = [load_instances(cfg.train_data, positions, "train_data")]
     if cfg.train_data_phase2:
@@ -291,10 +291,11 @@ def main(argv=None):
         if phase not in tables:
             data = phase_data[phase]
             # a table over a GiB (2 bytes a token slot) is written once beside the run and memory-mapped
-            large = len(data) * static_length(data) * 2 > 2**30
+            large = data.data.num_rows * static_length(data) * 2 > 2**30  # the table under any selection of it
             cache = out / "ids" / f"phase{phase + 1}-{data._fingerprint}.npy" if large else None
-            try:
-                tables[phase] = IdsTable(data, tokenizer.pad_token_id, len(tokenizer), cache)
+            try:  # on each machine its first process builds a cached table, and the others read it
+                with accelerator.local_main_process_first():
+                    tables[phase] = IdsTable(data, tokenizer.pad_token_id, len(tokenizer), cache)
             except ValueError as err:
                 raise SystemExit(f"pretrain: error: {('train_data', 'train_data_phase2')[phase]}: {err}") from None
         return tables[phase]

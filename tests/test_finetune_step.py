@@ -173,3 +173,35 @@ def test_a_workers_later_trials_reuse_the_first_ones_compiled_regions():
             model(input_ids=ids, attention_mask=torch.ones_like(ids), labels=torch.zeros(4, dtype=torch.long)).loss.backward()
         compiled.append(counter.frame_count)
     assert compiled[0] > 0 and compiled == [compiled[0]] * 2, compiled
+
+
+def test_what_the_captured_step_cannot_do_is_said_and_left_to_the_trainer(tmp_path):
+    """A loss the Trainer computes outside the model (label smoothing), DataParallel, gradient checkpointing and the
+    BiLSTM head keep the Trainer's step, each with its reason; the optimizer is made capturable in place."""
+    from bert_suite.finetune_step import captured_step_problem, make_capturable
+
+    model = BertSuiteForSequenceClassification(BertSuiteConfig.from_preset("tiny", vocab_size=50))
+
+    def problem(**flags):
+        args = transformers.TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none", **flags)
+        trainer = SuiteTrainer(model=model, args=args)
+        trainer.create_optimizer()
+        return captured_step_problem(args, model, trainer.optimizer, trainer)
+
+    assert problem() is None
+    assert "label_smoothing_factor" in problem(label_smoothing_factor=0.1)
+    assert "gradient_checkpointing" in problem(gradient_checkpointing=True)
+    assert "gradient_accumulation_steps" in problem(gradient_accumulation_steps=2)
+    args = transformers.TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none")
+    args._n_gpu = 2
+    assert "DataParallel" in captured_step_problem(args, model, torch.optim.AdamW(model.parameters()))
+    args._n_gpu = 1
+    bilstm = BertSuiteForSequenceClassification(BertSuiteConfig.from_preset("tiny", vocab_size=50, bilstm=True))
+    assert "BiLSTM" in captured_step_problem(args, bilstm, torch.optim.AdamW(bilstm.parameters()))
+    optimizer = torch.optim.AdamW(model.parameters(), foreach=False)
+    model(input_ids=torch.ones(2, 4, dtype=torch.long), labels=torch.zeros(2, dtype=torch.long)).loss.backward()
+    optimizer.step()
+    weight = next(model.parameters())
+    step = optimizer.state[weight]["step"]
+    make_capturable(optimizer)  # (a step on another device than its weight's, as a CPU-stepped checkpoint on a GPU, moves)
+    assert optimizer.state[weight]["step"] is step and optimizer.param_groups[0]["capturable"]

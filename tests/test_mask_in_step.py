@@ -136,3 +136,23 @@ def test_a_large_table_is_written_once_and_memory_mapped_back(tmp_path):
     other = ids_instances(60, 40, seed=9)
     rebuilt = IdsTable(other, PAD, vocab_size=200, cache=cache)
     assert np.array_equal(rebuilt.take(rows)["input_ids"], IdsTable(other, PAD).take(rows)["input_ids"])
+
+
+def test_a_cache_missing_a_part_is_rebuilt_and_builders_leave_no_partial_file(tmp_path):
+    import multiprocessing
+
+    data = ids_instances(60, 40)
+    cache = tmp_path / "ids" / "phase1.npy"
+    context = multiprocessing.get_context("fork")
+    builders = [context.Process(target=IdsTable, args=(data, PAD, 200, cache)) for _ in range(3)]
+    for process in builders:  # several ranks at once: each writes its own file and moves it into place whole
+        process.start()
+    for process in builders:
+        process.join()
+        assert process.exitcode == 0
+    assert not list(cache.parent.glob("*partial*"))
+    rows = [1, 2, 50]
+    expected = IdsTable(data, PAD).take(rows)
+    cache.with_name("phase1.first.npy").unlink()  # a part gone: built again, not an error
+    for key, value in IdsTable(data, PAD, vocab_size=200, cache=cache).take(rows).items():
+        assert np.array_equal(value, expected[key]), key

@@ -64,14 +64,30 @@ class FinetuneStep(PretrainingStep):
         return self.take_totals()["loss"]
 
 
-def captured_step_problem(args, model, optimizer) -> str | None:
-    """Why the captured step cannot run for these TrainingArguments (one line), or None when it can."""
+def captured_step_problem(args, model, optimizer, trainer=None) -> str | None:
+    """Why the captured step cannot run for these TrainingArguments and this Trainer (one line), or None when it
+    can. The step computes the model's own loss: a Trainer that computes another one keeps its own step."""
+    if trainer is not None:
+        from transformers import Trainer
+
+        if getattr(trainer, "label_smoother", None) is not None:
+            return "label_smoothing_factor (the Trainer smooths the loss outside the model)"
+        if getattr(trainer, "compute_loss_func", None) is not None or type(trainer).compute_loss is not Trainer.compute_loss:
+            return "a custom loss (compute_loss)"
     if args.gradient_accumulation_steps != 1:
         return "gradient_accumulation_steps > 1 (the graph holds one batch a step)"
     if args.fp16:
         return "fp16 (its loss scaling skips steps from the host); bf16 keeps the captured step"
     if args.world_size != 1:
         return f"{args.world_size} processes (a graph holds one process's step)"
+    if getattr(args, "n_gpu", 1) > 1:
+        return f"DataParallel over {args.n_gpu} GPUs (launch one process per GPU, or --workers_per_gpu for a grid)"
+    if args.gradient_checkpointing:
+        return "gradient_checkpointing (its recomputation saves the random state, which a capture cannot)"
+    if args.torch_compile and (args.torch_compile_mode or "") in ("reduce-overhead", "max-autotune"):
+        return f"torch_compile_mode {args.torch_compile_mode} (its own CUDA graphs)"
+    if getattr(getattr(model, "config", None), "bilstm", False):
+        return "the BiLSTM head (it reads the lengths on the host)"
     if getattr(args, "deepspeed", None) or getattr(args, "fsdp", None):
         return "DeepSpeed or FSDP"
     inner = getattr(optimizer, "optimizer", optimizer)
@@ -96,18 +112,38 @@ def make_capturable(optimizer) -> None:
     inner = getattr(optimizer, "optimizer", optimizer)
     for group in inner.param_groups:
         group["capturable"] = True
+        for p in group["params"]:  # state loaded from a checkpoint the Trainer's step wrote keeps its step on the CPU
+            state = inner.state.get(p, {})
+            if torch.is_tensor(state.get("step")) and state["step"].device != p.device:
+                state["step"] = state["step"].to(device=p.device, dtype=torch.float32)
+
+
+def uncached_autocast(model, device_type: str, dtype) -> bool:
+    """Autocast without its weight cache around the model's forward (accelerate's wrapper keeps the cache, which a
+    CUDA graph cannot capture); the heads return fp32 scores themselves. True when the forward was rewrapped."""
+    original = getattr(model, "_original_forward", None)
+    if original is None:
+        return False
+
+    def forward(*args, **kwargs):
+        with torch.autocast(device_type, dtype=dtype, cache_enabled=False):
+            return original(*args, **kwargs)
+
+    model.forward = forward
+    return True
 
 
 def compile_encoder(model, backend: str = "inductor") -> int:
-    """Compile the embeddings and each encoder layer of a bert_suite model in place (fullgraph, static shapes:
-    one graph a bucket, shared by the layers); the head stays eager. Returns the number of regions compiled
+    """Compile the embeddings and each encoder layer of a bert_suite model in place (static shapes: one graph a
+    bucket, shared by the layers); the head stays eager. Returns the number of regions compiled
     (0 for a model without them, e.g. a stock BERT)."""
     bert = getattr(model, "bert", None)
     if bert is None or not hasattr(bert, "encoder"):
         return 0
     regions = [bert.embeddings, *bert.encoder.layer]
-    # a graph per (bucket, batch size, training or evaluation): more than dynamo's default 8 a region
-    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+    # a graph per (bucket, batch size, training or evaluation), kept for a grid worker's life: more than dynamo's
+    # default 8 a region; past the limit a new shape runs uncompiled (not fullgraph: that would be an error)
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 256)
     for region in regions:
-        region.compile(backend=backend, fullgraph=True, dynamic=False)
+        region.compile(backend=backend, dynamic=False)
     return len(regions)

@@ -12,6 +12,7 @@ with the model's unpadded dense layers, little work is spent on padding."""
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 import os
 import pickle
@@ -123,12 +124,14 @@ class SuiteTrainer(Trainer):
             self._step = False
             device = self.args.device.type
             if finetune_step.wanted(device):
-                problem = finetune_step.captured_step_problem(self.args, model, self.optimizer)
+                problem = finetune_step.captured_step_problem(self.args, model, self.optimizer, self)
                 if problem:
                     print(f"captured step: off, {problem}; the Trainer's step runs", file=sys.stderr, flush=True)
                 else:
                     if device == "cuda":
                         finetune_step.make_capturable(self.optimizer)
+                        if self.args.bf16:
+                            finetune_step.uncached_autocast(self.accelerator.unwrap_model(model), "cuda", torch.bfloat16)
                         if not self.args.torch_compile:  # --torch_compile: the Trainer compiled the whole model
                             finetune_step.compile_encoder(self.accelerator.unwrap_model(model))
                     self._step = finetune_step.FinetuneStep(self.accelerator, model, self.optimizer,
@@ -178,12 +181,14 @@ class SuiteTrainer(Trainer):
         per-epoch evaluation after the last epoch); None where there was none or the model changed since (a best
         checkpoint loaded at the end)."""
         found = (self._evaluated or {}).get(evaluated)
-        if not found or found[0] != self.state.global_step or self.args.load_best_model_at_end:
+        if not found or found[0] != self.state.global_step or self.args.load_best_model_at_end \
+                or not self.args.skip_memory_metrics:  # memory figures: predict's are named differently
             return None
         _, output, inverse = found
         used = evaluated
         metrics = {prefix + key[len(used):] if key.startswith(used + "_") else key: value
-                   for key, value in output.metrics.items() if key != "epoch"}  # log() adds the epoch
+                   for key, value in output.metrics.items()
+                   if key not in ("epoch", "num_input_tokens_seen")}  # what log() adds
         predictions = output.predictions if inverse is None else _reorder(output.predictions, inverse)
         labels = output.label_ids if inverse is None else _reorder(output.label_ids, inverse)
         return transformers.trainer_utils.PredictionOutput(predictions=predictions, label_ids=labels, metrics=metrics)
@@ -528,6 +533,11 @@ def train_and_evaluate(prepared: Prepared, model_name: str, args: TrainingArgume
                               json.dumps(settings, indent=2, sort_keys=True))
         atomic_write_text(out / "all_results.json", json.dumps(metrics, indent=2, sort_keys=True))
     trainer.accelerator.wait_for_everyone()  # no process reads the folder (--test_file) before rank 0 wrote it
+    if trainer._step:  # a grid worker's next trial: this one's graphs and their memory pool go now, not at a later gc
+        trainer._step.captured.clear()
+        trainer._step = None
+        gc.collect()
+        torch.cuda.empty_cache()
     return {"metrics": metrics, "history": history, "train_runtime": metrics["train_runtime"], "saved": saved}
 
 

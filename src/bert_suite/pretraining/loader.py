@@ -9,6 +9,7 @@ DataLoader workers. Used by recipes/pretrain.py.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import torch
@@ -99,16 +100,21 @@ class IdsTable:
         self.rows = mapping.column(0).to_numpy() if mapping is not None else None
         stamp = {"fingerprint": getattr(data, "_fingerprint", None), "shape": [size, self.length],
                  "dtype": np.dtype(dtype).name, "pad_id": pad_id}
-        if cache is not None and cache.is_file() and cache.with_suffix(".json").is_file():
-            if json.loads(cache.with_suffix(".json").read_text()) == stamp:
-                self.ids = np.load(cache, mmap_mode="r")
-                for name in ("lengths", "first", "nsp"):
-                    setattr(self, name, np.load(cache.with_name(f"{cache.stem}.{name}.npy")))
-                return
+        aux = {name: cache.with_name(f"{cache.stem}.{name}.npy") for name in ("lengths", "first", "nsp")} if cache \
+            else {}
+        if cache is not None and cache.with_suffix(".json").is_file() and cache.is_file() and \
+                all(path.is_file() for path in aux.values()) and \
+                json.loads(cache.with_suffix(".json").read_text()) == stamp:
+            self.ids = np.load(cache, mmap_mode="r")
+            for name, path in aux.items():
+                setattr(self, name, np.load(path, mmap_mode="r"))
+            return
+        # built under a name of its own and moved into place whole: several processes (ranks, nodes sharing the
+        # disk) may build it at once, and one that mapped the file before never sees it change
+        partial = cache.with_name(f"{cache.stem}.{os.getpid()}.partial.npy") if cache is not None else None
         if cache is not None:
             cache.parent.mkdir(parents=True, exist_ok=True)
-            cache.with_suffix(".json").unlink(missing_ok=True)  # whole again only when the stamp is back
-            self.ids = np.lib.format.open_memmap(cache, mode="w+", dtype=dtype, shape=(size, self.length))
+            self.ids = np.lib.format.open_memmap(partial, mode="w+", dtype=dtype, shape=(size, self.length))
             self.ids[:] = pad_id
         else:
             self.ids = np.full((size, self.length), pad_id, dtype=dtype)
@@ -121,6 +127,9 @@ class IdsTable:
                 continue
             offsets = ids.offsets.to_numpy()
             values = ids.values.to_numpy(zero_copy_only=False)
+            if dtype == np.uint16 and len(values) and int(values.max()) > 65535:
+                raise ValueError(f"instances {row} to {row + count - 1}: a token id of {int(values.max())}, beyond the "
+                                 f"tokenizer's {vocab_size} ids; the data were made with another vocabulary")
             lengths = np.diff(offsets)
             spans = offsets[:-1, None] + np.arange(self.length)
             inside = np.arange(self.length) < lengths[:, None]
@@ -141,11 +150,16 @@ class IdsTable:
             self.lengths[row: row + count] = lengths
             self.nsp[row: row + count] = nsp.to_numpy(zero_copy_only=False)
             row += count
-        if cache is not None:  # the arrays, then the stamp that says they are whole
+        if cache is not None:  # the arrays, each moved into place whole, then the stamp that says they are
             self.ids.flush()
-            for name in ("lengths", "first", "nsp"):
-                np.save(cache.with_name(f"{cache.stem}.{name}.npy"), getattr(self, name))
+            del self.ids
+            os.replace(partial, cache)
+            for name, path in aux.items():
+                mine = path.with_name(f"{path.stem}.{os.getpid()}.partial.npy")
+                np.save(mine, getattr(self, name))
+                os.replace(mine, path)
             atomic_write_text(cache.with_suffix(".json"), json.dumps(stamp))
+            self.ids = np.load(cache, mmap_mode="r")
 
     def take(self, indices) -> dict:
         """The rows `indices` of the dataset (its own numbering): numpy arrays, one indexed read each."""

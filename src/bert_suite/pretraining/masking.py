@@ -271,9 +271,13 @@ class StepMasker:
         self._on: dict = {}
 
     def _tensors(self, device) -> tuple[torch.Tensor, torch.Tensor]:
-        """The special ids and the RANDOM pool on `device`, copied once (not inside a captured step)."""
+        """A table id -> special (a lookup, where `isin` may sort and read a count on the host) and the RANDOM pool
+        on `device`, copied once (not inside a captured step)."""
         if device not in self._on:
-            self._on[device] = (self.collator.special_ids.to(device), self.collator.random_pool.to(device))
+            special = self.collator.special_ids
+            table = torch.zeros(max(len(self.collator.is_continuation), int(special.max()) + 1), dtype=torch.bool)
+            table[special] = True
+            self._on[device] = (table.to(device), self.collator.random_pool.to(device))
         return self._on[device]
 
     def __call__(self, shipped: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -294,7 +298,7 @@ class StepMasker:
             return {**batch, "labels": labels}
         special, pool = self._tensors(device)
         keys = example_keys(self.seed, shipped["mask_step"], shipped["mask_first"] + torch.arange(rows, device=device))
-        candidates = real & ~torch.isin(ids, special)
+        candidates = real & ~special[ids]
         counts = self.collator._counts(real, candidates)
         scores = keyed_bits(keys, length, 0).masked_fill(~candidates, -1)
         order = scores.argsort(dim=1, descending=True, stable=True)
