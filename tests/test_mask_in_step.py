@@ -156,3 +156,18 @@ def test_a_cache_missing_a_part_is_rebuilt_and_builders_leave_no_partial_file(tm
     cache.with_name("phase1.first.npy").unlink()  # a part gone: built again, not an error
     for key, value in IdsTable(data, PAD, vocab_size=200, cache=cache).take(rows).items():
         assert np.array_equal(value, expected[key]), key
+
+
+def test_many_special_tokens_are_found_by_the_steps_lookup_as_by_the_loader():
+    """A vocabulary with 60 special ids (where torch.isin would sort and read a count on the host): the step's
+    table lookup leaves them unmasked exactly as the loader does."""
+
+    class ManySpecials(IdsTokenizer):
+        all_special_ids = list(range(60))
+
+    collator = MaskingCollator(ManySpecials(), max_predictions_per_seq=6)
+    assert len(collator.special_ids) == 60
+    masked, shipped, masker = mask_loaders(ids_instances(30, 40, seed=5), collator, True)
+    for key in ((0, [0, 1, 2, 3]), (9, [4, 11, 25, 7])):
+        ids, _ = shipped[key]
+        same(masker(ids), masked[key][0])
