@@ -23,7 +23,7 @@ import os
 
 import torch
 
-from .pretraining.step import PretrainingStep
+from .pretraining.step import PretrainingStep, _Captured
 
 SWITCH = "BERT_SUITE_CAPTURED_STEP"  # auto (default): on with CUDA; 1: also on the CPU (the body, no graph); 0: off
 
@@ -57,8 +57,6 @@ class FinetuneStep(PretrainingStep):
             self._one = torch.ones((), device=device)
         key = tuple((k, tuple(v.shape), v.dtype) for k, v in sorted(batch.items()))
         if key not in self.captured:
-            from .pretraining.step import _Captured
-
             self.captured[key] = _Captured(self, [batch], self._one)
         self.captured[key].replay([batch], self._one)
         return self.take_totals()["loss"]

@@ -12,6 +12,7 @@ import json
 import os
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from ..io import atomic_write_text
@@ -87,8 +88,6 @@ class IdsTable:
     128-token phase: about 25 GB); without it they are built in memory."""
 
     def __init__(self, data, pad_id: int, vocab_size: int | None = None, cache: Path | None = None):
-        import numpy as np
-
         table = data.data
         self.length = static_length(data)
         size = table.num_rows
@@ -163,8 +162,6 @@ class IdsTable:
 
     def take(self, indices) -> dict:
         """The rows `indices` of the dataset (its own numbering): numpy arrays, one indexed read each."""
-        import numpy as np
-
         rows = np.asarray(indices) if self.rows is None else self.rows[np.asarray(indices)]
         return {"input_ids": self.ids[rows], "lengths": self.lengths[rows], "first_lengths": self.first[rows],
                 "next_sentence_label": self.nsp[rows]}
@@ -179,16 +176,12 @@ class IdsBatches(torch.utils.data.Dataset):
 
     def __init__(self, table: IdsTable, collator, cfg, first_step: int, rank: int, world: int, static: bool,
                  causal: bool = False):
-        import numpy as np
-
         self.table, self.collator, self.cfg, self.first_step, self.rank, self.world = \
             table, collator, cfg, first_step, rank, world
         self.static, self.causal = static, causal
         self.special = collator.special_ids.numpy()
-        self.np = np
 
     def __getitem__(self, key):
-        np = self.np
         micro, indices = key
         step, part = divmod(micro, self.cfg.gradient_accumulation_steps)
         rows = self.table.take(indices)
@@ -199,11 +192,8 @@ class IdsBatches(torch.utils.data.Dataset):
         if self.causal:
             masked = int(np.minimum(lengths - 1, width - 1).clip(min=0).sum())
         else:
-            candidates = (real & ~np.isin(ids, self.special)).sum(1)
-            count = np.clip(np.round(lengths * self.collator.mlm_probability), 1, None).astype(np.int64)
-            if self.collator.max_predictions_per_seq is not None:
-                count = np.minimum(count, self.collator.max_predictions_per_seq)
-            masked = int(np.minimum(count, candidates).sum())
+            candidates = torch.from_numpy(real & ~np.isin(ids, self.special))  # the collator's count, no mask drawn
+            masked = int(self.collator._counts(torch.from_numpy(real), candidates).sum())
         batch = {"input_ids": torch.from_numpy(ids), "first_lengths": torch.from_numpy(rows["first_lengths"]),
                  "next_sentence_label": torch.from_numpy(rows["next_sentence_label"]),
                  "mask_step": torch.tensor(self.first_step + step),
@@ -247,8 +237,6 @@ def static_length(data) -> int:
 
 def most_labels(data) -> int:
     """The most masked positions of an instance masked offline (its `labels` column; 0 without one)."""
-    import numpy as np
-
     if "labels" not in data.column_names:
         return 0
     column = data.data.column("labels").combine_chunks()
