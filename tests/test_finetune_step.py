@@ -2,6 +2,7 @@
 the dev set evaluated after the last epoch not predicted a second time, the FLOPs estimate without a walk over the
 parameters at every step, and no per-step host sync among a GPU run's defaults."""
 
+import csv
 import json
 
 import pytest
@@ -151,6 +152,60 @@ def test_the_captured_steps_body_trains_as_the_trainers_step(tmp_path, monkeypat
     assert cli_main(["finetune", "rte", *run_args(data, tmp_path / "accumulated", "--num_train_epochs", "1",
                                                    "--gradient_accumulation_steps", "2")]) == 0
     assert "captured step: off, gradient_accumulation_steps > 1" in capsys.readouterr().err
+
+
+def test_a_grid_workers_later_trials_adopt_the_kept_step_and_train_as_a_fresh_run(tmp_path, monkeypatch):
+    """A grid worker makes the captured step once: the next trial of the same model (another learning rate, batch
+    size and seed) copies its fresh weights and zeroed optimizer state into the kept step's tensors and trains as
+    the same point in a grid of its own (a fresh step): the same losses, dev scores and weights. Another clipping
+    norm or head cannot adopt it (a graph holds them); weights and learning rates do not count."""
+    from safetensors.torch import load_file
+
+    from bert_suite import finetune_step
+
+    data = write_rte_like(tmp_path / "data", n_train=80, n_dev=32)
+    monkeypatch.setenv("BERT_SUITE_LENGTH_BUCKET", "16")
+    monkeypatch.setenv("BERT_SUITE_CAPTURED_STEP", "1")
+    made, adopted = [], []
+    real_init, real_adopt = finetune_step.FinetuneStep.__init__, finetune_step.adopt
+    monkeypatch.setattr(finetune_step.FinetuneStep, "__init__",
+                        lambda self, *a, **k: made.append(1) or real_init(self, *a, **k))
+    monkeypatch.setattr(finetune_step, "adopt", lambda *a: adopted.append(1) or real_adopt(*a))
+
+    def grid(out, learning_rates, batch_sizes, seeds, *extra):
+        argv = ["grid", "rte", *run_args(data, out), "--learning_rates", *learning_rates, "--batch_sizes",
+                *batch_sizes, "--seeds", *seeds, "--epochs", "2", "--max_grad_norm", "0.5", "--logging_steps", "1",
+                "--logging_strategy", "steps", "--keep_all", *extra]
+        made.clear(), adopted.clear()
+        assert cli_main(argv) == 0
+        trials = {}  # (batch size, seed) -> (results but timings, weights)
+        for row in csv.DictReader((out / "grid_results.csv").open()):
+            folder = out / "trials" / f"trial-{int(row['trial']):03d}"
+            point = json.loads((folder / "all_results.json").read_text())
+            trials[row["per_device_train_batch_size"], row["seed"]] = (
+                {k: v for k, v in point.items() if not k.endswith(("runtime", "per_second"))},
+                load_file(folder / "checkpoint" / "model.safetensors"))
+        return trials, len(made), len(adopted)
+
+    kept, made_kept, adopted_kept = grid(tmp_path / "kept", ["1e-3"], ["16", "8"], ["1", "2"])
+    assert (made_kept, adopted_kept) == (1, 3) and len(kept) == 4  # one step, adopted by the three trials after
+    assert finetune_step._KEPT == {}  # released when the grid ended
+    fresh, made_fresh, adopted_fresh = grid(tmp_path / "fresh", ["1e-3"], ["8"], ["2"])
+    assert (made_fresh, adopted_fresh) == (1, 0)
+    (point,) = fresh  # the last of the kept grid's trials: adopted after two batch sizes and seeds
+    assert kept[point][0] == pytest.approx(fresh[point][0], rel=1e-6)
+    for name, weight in fresh[point][1].items():
+        assert torch.allclose(kept[point][1][name], weight, atol=1e-6), name
+    # what decides: the model's shape and the step's fixed settings, not its weights or learning rate
+    def model_and_optimizer(seed, lr, labels=2):
+        torch.manual_seed(seed)
+        model = BertSuiteForSequenceClassification(BertSuiteConfig.from_preset("tiny", vocab_size=50, num_labels=labels))
+        return model, torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
+
+    first = finetune_step.signature(*model_and_optimizer(1, 1e-3), 0.5)
+    assert finetune_step.signature(*model_and_optimizer(2, 5e-4), 0.5) == first
+    assert finetune_step.signature(*model_and_optimizer(1, 1e-3), 1.0) != first
+    assert finetune_step.signature(*model_and_optimizer(1, 1e-3, labels=3), 0.5) != first
 
 
 @pytest.mark.slow  # compilation: 16 s on 2 cores

@@ -1,5 +1,6 @@
 """The captured steps on the device (issues 62 and 63): masks made inside a CUDA graph equal the loader's bit for
-bit, and the captured fine-tuning step trains as the eager one without a host sync. Skipped without CUDA, as
+bit, and the captured fine-tuning step trains as the eager one without a host sync, also when a later trial's
+model adopts it. Skipped without CUDA, as
 tests/test_gpu.py (`make test-gpu`; BERT_SUITE_TEST_DEVICE=cpu runs the bodies on the CPU without a graph)."""
 
 import contextlib
@@ -116,3 +117,20 @@ def test_the_captured_finetuning_step_trains_as_the_eager_one_without_a_host_syn
     assert len(step.captured) == 2
     for ours, theirs in zip(losses, eager, strict=True):
         assert abs(float(ours) - theirs) < 1e-4, (losses, eager)
+    # a grid worker's next trial: a fresh model and optimizer adopt the kept step, and its graphs (no capture, no
+    # host sync from the first batch) train them as the eager run trained the same start
+    from bert_suite.finetune_step import adopt
+
+    model, optimizer, schedule = model_and_optimizer()
+    if CUDA:
+        make_capturable(optimizer)
+    adopt(step, model, optimizer)
+    again = []
+    with no_sync():
+        for batch in batches:
+            again.append(step.step({k: v.to(DEVICE) for k, v in batch.items()}))
+            schedule.step()
+    assert len(step.captured) == 2
+    for ours, theirs in zip(again, eager, strict=True):
+        assert abs(float(ours) - theirs) < 1e-4, (again, eager)
+    assert all(p.data_ptr() == q.data_ptr() for p, q in zip(model.parameters(), step.model.parameters(), strict=True))

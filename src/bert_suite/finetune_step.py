@@ -9,7 +9,10 @@ and replaying it as one CUDA graph (`bert_suite.pretraining.step`); fine-tuning 
 - one graph a shape: forward, backward, clipping and the fused AdamW step (a device learning rate the scheduler
   fills in place) captured on the first batch of each shape, sharing one memory pool, and replayed; nothing on a
   step reads a value on the host (the Trainer reads the loss and the gradient norm at logging steps only);
-- compiled regions: the embeddings and the encoder layers (one graph serves every layer of a shape).
+- compiled regions: the embeddings and the encoder layers (one graph serves every layer of a shape);
+- kept across a grid worker's trials (`trials()`): the next trial of the same model, optimizer settings and
+  clipping copies its fresh weights and zeroed optimizer state into the step's tensors and replays the graphs
+  already captured (`step_for`, `adopt`), so that a trial's fixed cost is neither a compilation nor a capture.
 
 `SuiteTrainer` uses it where it can run (one CUDA process, AdamW, no fp16 loss scaling, no gradient
 accumulation: `captured_step_problem` says why not, in one line, otherwise) unless BERT_SUITE_CAPTURED_STEP=0.
@@ -19,6 +22,9 @@ Trainer's eager losses and weights.
 
 from __future__ import annotations
 
+import contextlib
+import gc
+import json
 import os
 
 import torch
@@ -52,6 +58,8 @@ class FinetuneStep(PretrainingStep):
         return {}
 
     def step(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        if not self.model.training:  # a kept step's model was last evaluated by its own trial's Trainer
+            self.model.train()
         device = next(iter(batch.values())).device
         if self._one is None or self._one.device != device:
             self._one = torch.ones((), device=device)
@@ -145,3 +153,116 @@ def compile_encoder(model, backend: str = "inductor") -> int:
     for region in regions:
         region.compile(backend=backend, dynamic=False)
     return len(regions)
+
+
+# ---- A step kept across a worker's trials
+_KEPT: dict = {}  # "step": the FinetuneStep kept, "signature": what a trial must match to adopt it
+_KEEPING = [0]  # how many trials() blocks are open
+
+# what changes nothing in the step a model's graphs run: its names (labels, path, versions)
+_NAMES = {"_name_or_path", "id2label", "label2id", "transformers_version", "_commit_hash", "architectures",
+          "finetuning_task"}
+
+
+@contextlib.contextmanager
+def trials():
+    """Within this block, the captured step outlives the trial that made it (`train_and_evaluate` leaves it to
+    `step_for`), and a later trial of the same signature adopts it; the block releases it at its end."""
+    _KEEPING[0] += 1
+    try:
+        yield
+    finally:
+        _KEEPING[0] -= 1
+        if not _KEEPING[0]:
+            release()
+
+
+def signature(model, optimizer, max_grad_norm: float, extra=()) -> tuple:
+    """What the kept step's graphs hold fixed: the model's class, configuration (but its names), parameters and
+    buffers (names, shapes, dtypes, which train), the optimizer's groups (their parameters and every setting but
+    the learning rate, which is a device tensor the scheduler fills) and the clipping norm; `extra`: the caller's
+    (the device, the autocast)."""
+    config = getattr(model, "config", None)
+    settings = {k: v for k, v in config.to_dict().items() if k not in _NAMES} if config is not None else {}
+    index = {id(p): i for i, p in enumerate(model.parameters())}
+    inner = getattr(optimizer, "optimizer", optimizer)
+    groups = tuple((tuple(index.get(id(p), -1) for p in group["params"]),
+                    repr(sorted((k, v) for k, v in group.items() if k not in ("params", "param_names", "lr", "initial_lr"))))
+                   for group in inner.param_groups)
+    return (type(model).__qualname__, json.dumps(settings, sort_keys=True, default=str),
+            tuple((n, tuple(t.shape), t.dtype, t.requires_grad) for n, t in model.named_parameters()),
+            tuple((n, tuple(t.shape), t.dtype) for n, t in model.named_buffers()), groups, float(max_grad_norm),
+            tuple(extra))
+
+
+def adopt(kept: FinetuneStep, model, optimizer) -> None:
+    """Make a new trial's `model` and `optimizer` the kept step's: the trial's fresh weights (and buffers) are
+    copied into the kept model's tensors, which the new model's parameters then share, gradients included; the
+    optimizer state is zeroed in place, as a new run's, or takes the values the Trainer loaded into the new
+    optimizer (a resumed trial); the new optimizer's groups take the kept learning-rate tensors, filled with their
+    values. The graphs captured for the kept tensors then train the new model."""
+    new_inner, old_inner = (getattr(o, "optimizer", o) for o in (optimizer, kept.optimizer))
+    with torch.no_grad():
+        for new, old in zip(model.parameters(), kept.model.parameters(), strict=True):
+            old.copy_(new)
+            loaded = new_inner.state.pop(new, None) or {}
+            state = old_inner.state.get(old)
+            if state is not None:
+                for key, value in state.items():
+                    if torch.is_tensor(value):
+                        value.copy_(loaded[key]) if key in loaded else value.zero_()
+                    elif key in loaded:
+                        state[key] = loaded[key]
+                new_inner.state[new] = state
+            new.data = old.data
+            new.grad = old.grad
+        for (_, new), (_, old) in zip(model.named_buffers(), kept.model.named_buffers(), strict=True):
+            old.copy_(new)
+            new.data = old.data
+        for new_group, old_group in zip(new_inner.param_groups, old_inner.param_groups, strict=True):
+            lr = old_group["lr"]
+            if torch.is_tensor(lr):  # a tensor the graphs read: the new scheduler fills it through the new group
+                lr.fill_(float(new_group["lr"]))
+                new_group["lr"] = lr
+            else:
+                old_group["lr"] = new_group["lr"]
+    for value in kept.totals.values():  # the graphs add into these tensors: zeroed, never replaced
+        value.zero_()
+
+
+def step_for(accelerator, model, optimizer, max_grad_norm: float, graph: bool, extra=()) -> FinetuneStep:
+    """The step for a trial: the kept one adopted (`adopt`) where a `trials()` block holds one of the same
+    `signature`; else a new one, kept when inside such a block (the one it replaces is released first)."""
+    found = signature(model, optimizer, max_grad_norm, (graph, *extra))
+    kept = _KEPT.get("step")
+    if kept is not None and _KEPT["signature"] == found:
+        adopt(kept, model, optimizer)
+        return kept
+    release()
+    step = FinetuneStep(accelerator, model, optimizer, max_grad_norm, graph=graph)
+    if _KEEPING[0]:
+        _KEPT.update(step=step, signature=found)
+    return step
+
+
+def finished(step: FinetuneStep) -> None:
+    """A trial is done with `step`: outside a `trials()` block its graphs and their memory go now, not at a later
+    garbage collection; inside one it is kept for the next trial."""
+    if _KEPT.get("step") is not step:
+        _free(step)
+
+
+def release() -> None:
+    """Drop the kept step (its graphs, memory pool, model and optimizer state)."""
+    step = _KEPT.pop("step", None)
+    _KEPT.pop("signature", None)
+    if step is not None:
+        _free(step)
+
+
+def _free(step: FinetuneStep) -> None:
+    step.captured.clear()
+    step.pool = None
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()

@@ -38,6 +38,7 @@ from optuna.trial import TrialState
 from tqdm.auto import tqdm
 from transformers import TrainerCallback
 
+from . import finetune_step
 from .cards import TaskCard
 from .faults import failpoint
 from .io import atomic_write_text
@@ -523,7 +524,8 @@ def run_grid(card: TaskCard, model: str, output_dir: str, data_dir: str | None =
         lora = LoraSettings(r=int(space[LORA_AXIS][0]))
     name = name or study_name(card, space, max_samples, lora)
     grid = describe_grid(grid_key(card, space, max_samples, lora))
-    with folder_claim(out, name, grid):  # before the study: a refused worker leaves nothing in the database
+    # a worker's trials of one shape of model share the captured step: compiled and captured once, not per trial
+    with folder_claim(out, name, grid), finetune_step.trials():  # the claim first: a refused worker leaves no record
         study = open_study(storage, name, _GridSampler(space, seed=0), heartbeat_interval, grace_period)
         check_study_grid(study, grid, storage)
         return _run_points(study, storage, card, model, out, data_dir, tokenizer, max_seq_length, space, keep_all,
@@ -602,6 +604,7 @@ def _run_points(study, storage, card, model, out, data_dir, tokenizer, max_seq_l
             raise
         except Exception as err:  # a failed trial is recorded with its reason; the grid goes on
             beat.stop()
+            finetune_step.release()  # the next trial starts from a new step, not from one a failure left
             trial.set_user_attr("error", f"{type(err).__name__}: {str(err)[:500]}")
             study.tell(trial, state=TrialState.FAIL)
             shutil.rmtree(trial_dir / "checkpoint", ignore_errors=True)

@@ -12,7 +12,6 @@ with the model's unpadded dense layers, little work is spent on padding."""
 from __future__ import annotations
 
 import dataclasses
-import gc
 import json
 import os
 import pickle
@@ -134,8 +133,10 @@ class SuiteTrainer(Trainer):
                             finetune_step.uncached_autocast(self.accelerator.unwrap_model(model), "cuda", torch.bfloat16)
                         if not self.args.torch_compile:  # --torch_compile: the Trainer compiled the whole model
                             finetune_step.compile_encoder(self.accelerator.unwrap_model(model))
-                    self._step = finetune_step.FinetuneStep(self.accelerator, model, self.optimizer,
-                                                            self.args.max_grad_norm, graph=device == "cuda")
+                    # a grid worker's later trial adopts the step (and graphs) of the one before when they match
+                    self._step = finetune_step.step_for(self.accelerator, model, self.optimizer,
+                                                        self.args.max_grad_norm, graph=device == "cuda",
+                                                        extra=(device, self.args.bf16, self.args.torch_compile))
                     # the step zeroes the gradients itself, and a graph writes into the same tensors: the Trainer's
                     # zero_grad (set_to_none) and optimizer.step (already taken) must leave them be
                     model.zero_grad = _no_op
@@ -533,11 +534,9 @@ def train_and_evaluate(prepared: Prepared, model_name: str, args: TrainingArgume
                               json.dumps(settings, indent=2, sort_keys=True))
         atomic_write_text(out / "all_results.json", json.dumps(metrics, indent=2, sort_keys=True))
     trainer.accelerator.wait_for_everyone()  # no process reads the folder (--test_file) before rank 0 wrote it
-    if trainer._step:  # a grid worker's next trial: this one's graphs and their memory pool go now, not at a later gc
-        trainer._step.captured.clear()
+    if trainer._step:  # its graphs go now, or are kept for a grid worker's next trial (finetune_step.trials)
+        finetune_step.finished(trainer._step)
         trainer._step = None
-        gc.collect()
-        torch.cuda.empty_cache()
     return {"metrics": metrics, "history": history, "train_runtime": metrics["train_runtime"], "saved": saved}
 
 
