@@ -1,11 +1,12 @@
-# Command: python benchmarks/gpu_check_summary.py --parts runs/gpu-check/parts --out runs/gpu-check [--device cuda] [--commit HASH] [--status NAME=STATE ...]
+# Command: python benchmarks/gpu_check_summary.py --parts runs/gpu-check/parts --out runs/gpu-check [--device cuda] [--commit HASH] [--status NAME=STATE ...] [--merge EARLIER/gpu_check.json ...]
 """The last step of benchmarks/gpu_check.sh: every part's JSON merged into OUT/gpu_check.json; the figures of issues
 62 and 63 into OUT/gpu_record.json ({device, date, commit, figures}, a figure not measured null: the file
 benchmarks/results/gpu/ keeps); OUT/summary.md with the tables and the goals (GOALS; and issue 49's, tiny and mini at
 128 x 128 >= 5x the tokens/s of the step before: the `before` variant of this run, else the first GPU measurement),
 each met or missed. A step's figures are its best form's (pretrain_step.py's eager, compiled, graph, compiled+graph);
 the recipe's against its step's at the same length and tokens a step. A --quick run on the CPU fills the same figures
-at its toy sizes in fp32 (device "cpu": never filed)."""
+at its toy sizes in fp32 (device "cpu": never filed). --merge: the gpu_check.json of earlier calls on the same machine
+and commit (one call's budget covers part of the steps), their parts and steps beside this run's, into one record."""
 
 from __future__ import annotations
 
@@ -32,12 +33,15 @@ GOALS = {"pretrain_base_128_mfu": ("base at 128: MFU >= 0.45", 0.45, True),
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--parts", type=Path, required=True)
+    p.add_argument("--parts", type=Path, help="the step's JSON files (gpu_check.sh's OUT/parts)")
+    p.add_argument("--merge", type=Path, nargs="*", default=[],
+                   help="earlier calls' gpu_check.json (a part of this run's of the same name replaces theirs)")
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--device", default="cuda", help="the device gpu_check.sh was told (cpu: the record's device)")
     p.add_argument("--commit", help="the commit of the measured tree (git rev-parse HEAD, or the bundle's)")
     p.add_argument("--status", nargs="*", default=[], help="NAME=STATE of each step, as gpu_check.sh ran it")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    return args if args.parts or args.merge else p.error("give --parts, --merge or both")
 
 
 def step_rows(parts: dict, preset: str, length: int | None = None, tokens: int | None = None,
@@ -166,17 +170,28 @@ def read(path: Path) -> dict:
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    parts = {path.stem: read(path) for path in sorted(args.parts.glob("*.json"))}
-    kept = record(parts, args.device, args.commit)
+    parts, status, commits = {}, {}, []
+    for path in args.merge:
+        earlier = read(path)
+        status.update(earlier.get("status", {}))
+        commits.append((earlier.get("record") or {}).get("commit"))
+        parts.update({k: v for k, v in earlier.items() if k not in ("status", "goals", "record")})
+    if args.parts:
+        parts.update({path.stem: read(path) for path in sorted(args.parts.glob("*.json"))})
+    status.update(dict(s.split("=", 1) for s in args.status if "=" in s))
+    if len({c for c in [args.commit, *commits] if c}) > 1:
+        raise SystemExit(f"gpu_check_summary: --merge of other commits ({sorted({c for c in [args.commit, *commits] if c})}): "
+                         "one record measures one commit")
+    kept = record(parts, args.device, args.commit or next((c for c in commits if c), None))
     found = goals(parts, kept["figures"])
-    merged = {"status": dict(s.split("=", 1) for s in args.status if "=" in s), "goals": found, "record": kept, **parts}
+    merged = {"status": status, "goals": found, "record": kept, **parts}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "gpu_check.json").write_text(json.dumps(merged, indent=2, default=str) + "\n")
     (args.out / "gpu_record.json").write_text(json.dumps(kept, indent=2) + "\n")
     slug = re.sub(r"[^a-z0-9]+", "-", (kept["device"] or "unknown").lower()).strip("-")
     filed = f"File the record: `cp {args.out}/gpu_record.json benchmarks/results/gpu/{kept['date']}-{slug}.json`" \
         if kept["device"] not in (None, "cpu") else "gpu_record.json: not a GPU's record (not for benchmarks/results/gpu/)"
-    text = summary(parts, args.status, found, filed)
+    text = summary(parts, [f"{k}={v}" for k, v in status.items()], found, filed)
     (args.out / "summary.md").write_text(text)
     print(text)
     return merged

@@ -333,8 +333,9 @@ def graph_equals_eager(args, config, weights: dict, batches: list[dict], compile
             "max_weight_diff": float((first - second).abs().max())}
 
 
-def bench_preset(args, preset: str, tokenizer, peaks: dict) -> tuple[list[dict], dict, dict]:
-    """The rows of one preset (one a run), its checks and its errors."""
+def bench_preset(args, preset: str, tokenizer, peaks: dict, save=None) -> tuple[list[dict], dict, dict]:
+    """The rows of one preset (one a run), its checks and its errors; `save(rows, checks)` once the rows are timed,
+    before the profiles and checks (a run stopped at its time limit keeps its speeds)."""
     size = max(1, args.tokens // args.seq_len) if args.tokens else args.batch_size or BATCH[preset]
     cuda, apart = args.device.startswith("cuda"), args.device == "cpu" and not args.in_process
     steps = max(1, args.steps // 3) if apart and preset in ("base", "large") else args.steps
@@ -376,6 +377,9 @@ def bench_preset(args, preset: str, tokenizer, peaks: dict) -> tuple[list[dict],
                 r[f"vs_{other}"] = r["tokens_per_s"] / speed[other, r["precision"]]
         if r["precision"] == "bf16" and (r["variant"], "fp32") in speed:
             r["bf16/fp32"] = r["tokens_per_s"] / speed[r["variant"], "fp32"]
+    if save is not None:
+        save(rows, checks)
+    for r in rows:
         if args.profile and (run := runs.get(f"{r['variant']} {r['precision']}")):
             run(1)  # warm (on the CPU, nothing ran in this process yet)
             r["profile"] = common.profile(lambda run=run: run(1), args.device)
@@ -410,8 +414,14 @@ def main(argv=None) -> dict:
                 else (args.peak_tflops or 989.0) * 1e12 for p, size in sizes.items()}
 
     before, rows, checks, errors = peaks(), [], {}, {}
+
+    def save(found, checked):  # the speeds so far, marked partial: the final write below replaces them
+        common.write_result(args.out, {"machine": machine, "settings": {k: str(v) for k, v in vars(args).items()},
+                                       "rows": rows + found, "checks": {**checks, preset: checked}, "errors": errors,
+                                       "peak_flops": before, "partial": "profiles and checks not finished"})
+
     for preset in args.presets:
-        found, checks[preset], failed = bench_preset(args, preset, tokenizer, before)
+        found, checks[preset], failed = bench_preset(args, preset, tokenizer, before, save)
         rows += found
         errors.update({f"{preset} {k}": v for k, v in failed.items()})
     payload = {"machine": machine, "settings": {k: str(v) for k, v in vars(args).items()}, "rows": rows,

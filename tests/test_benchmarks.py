@@ -260,6 +260,21 @@ def test_gpu_check_summary_figures_goals_and_record_from_hand_made_parts(tmp_pat
     assert filed == {"device": "NVIDIA H200", "date": filed["date"], "commit": "abc123", "figures": figures}
     assert f"cp {tmp_path / 'out'}/gpu_record.json benchmarks/results/gpu/{filed['date']}-nvidia-h200.json" in \
         capsys.readouterr().out
+    # two calls (one call's budget covers part of the steps): the second's parts merged with the first's record
+    first, second = tmp_path / "first", tmp_path / "second"
+    for folder, names in ((first, ("pretrain-base-128", "recipe-speed", "finetune")),
+                          (second, ("pretrain-base-512", "pretrain-tiny-128", "grid"))):
+        (folder / "parts").mkdir(parents=True)
+        for name in names:
+            (folder / "parts" / f"{name}.json").write_text(json.dumps(parts[name]))
+    summary.main(["--parts", str(first / "parts"), "--out", str(first), "--commit", "abc123", "--status", "finetune=ok"])
+    joined = summary.main(["--parts", str(second / "parts"), "--out", str(second), "--merge",
+                           str(first / "gpu_check.json"), "--status", "grid=ok"])
+    assert joined["record"]["figures"] == figures and joined["record"]["commit"] == "abc123"
+    assert joined["status"] == {"finetune": "ok", "grid": "ok"}
+    with pytest.raises(SystemExit, match="one record measures one commit"):
+        summary.main(["--parts", str(second / "parts"), "--out", str(second), "--merge", str(first / "gpu_check.json"),
+                      "--commit", "def456"])
     # a CPU run of one precision gives that precision's figures; no device, no commit: null, and nothing to file
     assert summary.in_precision({"fp32": 2.0}) == 2.0 and summary.in_precision({"fp32": 2.0, "bf16": 3.0}) == 3.0
     assert summary.record({}, "cuda", None) == {"device": None, "date": filed["date"], "commit": None,
