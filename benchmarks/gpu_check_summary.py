@@ -120,7 +120,8 @@ def summary(parts: dict, status: list[str], found: list[dict], filed: str) -> st
             ("vs_stock", "vs stock"), ("vs_before", "vs before"), ("peak_mib", "peak MiB"), ("warm_up_s", "warm-up s")]),
                   ""]
     for name, part in sorted((n, p) for n, p in parts.items() if n.startswith("pretrain-")):
-        for key, problem in [("errors", part.get("errors")), *part.get("checks", {}).items()]:
+        for key, problem in [("partial", part.get("partial")), ("errors", part.get("errors")),
+                             *part.get("checks", {}).items()]:
             if problem:
                 lines.append(f"- {name} {key}: {json.dumps(problem, default=str)[:600]}")
         top = max((r for r in part.get("rows", []) if "profile" in r), key=lambda r: r["tokens_per_s"], default=None)
@@ -182,6 +183,9 @@ def main(argv=None) -> dict:
     if len({c for c in [args.commit, *commits] if c}) > 1:
         raise SystemExit(f"gpu_check_summary: --merge of other commits ({sorted({c for c in [args.commit, *commits] if c})}): "
                          "one record measures one commit")
+    gpus = {p["machine"]["gpu"] for p in parts.values() if isinstance(p, dict) and (p.get("machine") or {}).get("gpu")}
+    if len(gpus) > 1:
+        raise SystemExit(f"gpu_check_summary: parts from several GPUs ({sorted(gpus)}): one record measures one GPU")
     kept = record(parts, args.device, args.commit or next((c for c in commits if c), None))
     found = goals(parts, kept["figures"])
     merged = {"status": status, "goals": found, "record": kept, **parts}

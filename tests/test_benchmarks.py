@@ -275,6 +275,10 @@ def test_gpu_check_summary_figures_goals_and_record_from_hand_made_parts(tmp_pat
     with pytest.raises(SystemExit, match="one record measures one commit"):
         summary.main(["--parts", str(second / "parts"), "--out", str(second), "--merge", str(first / "gpu_check.json"),
                       "--commit", "def456"])
+    (second / "parts" / "pretrain-base-512.json").write_text(json.dumps({**parts["pretrain-base-512"],
+                                                                         "machine": {"gpu": "NVIDIA H100 80GB HBM3"}}))
+    with pytest.raises(SystemExit, match="one record measures one GPU"):  # a second call that got another machine
+        summary.main(["--parts", str(second / "parts"), "--out", str(second), "--merge", str(first / "gpu_check.json")])
     # a CPU run of one precision gives that precision's figures; no device, no commit: null, and nothing to file
     assert summary.in_precision({"fp32": 2.0}) == 2.0 and summary.in_precision({"fp32": 2.0, "bf16": 3.0}) == 3.0
     assert summary.record({}, "cuda", None) == {"device": None, "date": filed["date"], "commit": None,

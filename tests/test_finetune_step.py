@@ -208,6 +208,23 @@ def test_a_grid_workers_later_trials_adopt_the_kept_step_and_train_as_a_fresh_ru
     assert finetune_step.signature(*model_and_optimizer(1, 1e-3, labels=3), 0.5) != first
 
 
+def test_a_lora_grid_keeps_no_step_since_a_saved_trial_merges_its_model(tmp_path, monkeypatch):
+    """A LoRA trial's saved model is merged in place (merge_and_unload): the step that trained it cannot serve the
+    next trial of the same rank, which makes its own, and every trial completes."""
+    from bert_suite import finetune_step
+
+    data = write_rte_like(tmp_path / "data", n_train=48, n_dev=16)
+    monkeypatch.setenv("BERT_SUITE_CAPTURED_STEP", "1")
+    made, real_init = [], finetune_step.FinetuneStep.__init__
+    monkeypatch.setattr(finetune_step.FinetuneStep, "__init__",
+                        lambda self, *a, **k: made.append(1) or real_init(self, *a, **k))
+    out = tmp_path / "grid"
+    assert cli_main(["grid", "rte", *run_args(data, out), "--learning_rates", "5e-3", "--batch_sizes", "16",
+                     "--epochs", "1", "--seeds", "1", "2", "--lora_ranks", "2"]) == 0
+    states = [row["state"] for row in csv.DictReader((out / "grid_results.csv").open())]
+    assert states == ["complete", "complete"] and len(made) == 2
+
+
 @pytest.mark.slow  # compilation: 16 s on 2 cores
 def test_a_workers_later_trials_reuse_the_first_ones_compiled_regions():
     """Each grid trial loads a fresh model; the compiled embeddings and layers of the first trial's shapes serve the

@@ -160,8 +160,8 @@ _KEPT: dict = {}  # "step": the FinetuneStep kept, "signature": what a trial mus
 _KEEPING = [0]  # how many trials() blocks are open
 
 # what changes nothing in the step a model's graphs run: its names (labels, path, versions)
-_NAMES = {"_name_or_path", "id2label", "label2id", "transformers_version", "_commit_hash", "architectures",
-          "finetuning_task"}
+_NAMES = {"_name_or_path", "id2label", "label2id", "transformers_version", "_commit_hash", "architectures", "auto_map",
+          "finetuning_task", "dtype", "torch_dtype"}  # dtypes: the parameters' own, below
 
 
 @contextlib.contextmanager
@@ -205,9 +205,9 @@ def adopt(kept: FinetuneStep, model, optimizer) -> None:
     with torch.no_grad():
         for new, old in zip(model.parameters(), kept.model.parameters(), strict=True):
             old.copy_(new)
-            loaded = new_inner.state.pop(new, None) or {}
             state = old_inner.state.get(old)
-            if state is not None:
+            if state is not None:  # else a parameter the loss does not reach: its loaded state (if any) stays
+                loaded = new_inner.state.pop(new, None) or {}
                 for key, value in state.items():
                     if torch.is_tensor(value):
                         value.copy_(loaded[key]) if key in loaded else value.zero_()
@@ -220,12 +220,11 @@ def adopt(kept: FinetuneStep, model, optimizer) -> None:
             old.copy_(new)
             new.data = old.data
         for new_group, old_group in zip(new_inner.param_groups, old_inner.param_groups, strict=True):
-            lr = old_group["lr"]
-            if torch.is_tensor(lr):  # a tensor the graphs read: the new scheduler fills it through the new group
-                lr.fill_(float(new_group["lr"]))
-                new_group["lr"] = lr
-            else:
-                old_group["lr"] = new_group["lr"]
+            lr = old_group["lr"]  # a tensor the graphs read (_graph_buffers): the new scheduler fills it
+            if not torch.is_tensor(lr):
+                raise RuntimeError("the kept step's learning rate is not a tensor: it cannot follow a new schedule")
+            lr.fill_(float(new_group["lr"]))
+            new_group["lr"] = lr
     for value in kept.totals.values():  # the graphs add into these tensors: zeroed, never replaced
         value.zero_()
 
@@ -235,12 +234,15 @@ def step_for(accelerator, model, optimizer, max_grad_norm: float, graph: bool, e
     `signature`; else a new one, kept when inside such a block (the one it replaces is released first)."""
     found = signature(model, optimizer, max_grad_norm, (graph, *extra))
     kept = _KEPT.get("step")
-    if kept is not None and _KEPT["signature"] == found:
+    # the kept model as it is now (a trial that changed it, e.g. by merging LoRA, cannot hand it on)
+    if kept is not None and _KEPT["signature"] == found == signature(kept.model, kept.optimizer, max_grad_norm,
+                                                                     (graph, *extra)):
         adopt(kept, model, optimizer)
         return kept
     release()
     step = FinetuneStep(accelerator, model, optimizer, max_grad_norm, graph=graph)
-    if _KEEPING[0]:
+    # a LoRA trial's saved model is merged in place (merge_and_unload): never kept
+    if _KEEPING[0] and not hasattr(model, "peft_config"):
         _KEPT.update(step=step, signature=found)
     return step
 
@@ -263,6 +265,8 @@ def release() -> None:
 def _free(step: FinetuneStep) -> None:
     step.captured.clear()
     step.pool = None
+    step.model = step.optimizer = None  # the caller's Trainer may outlive this; the step's own hold goes now
+    step.params = []
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()

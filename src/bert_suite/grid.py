@@ -539,6 +539,7 @@ def _run_points(study, storage, card, model, out, data_dir, tokenizer, max_seq_l
     metric = selection_key(card)
     device = _device_label(overrides)
     prepared = bar = None
+    failed = False
     while True:
         done = {_point(r) for r in trial_records(study) if _point(r) in points}
         if bar is not None:
@@ -604,11 +605,14 @@ def _run_points(study, storage, card, model, out, data_dir, tokenizer, max_seq_l
             raise
         except Exception as err:  # a failed trial is recorded with its reason; the grid goes on
             beat.stop()
-            finetune_step.release()  # the next trial starts from a new step, not from one a failure left
+            failed = True  # the next trial starts from a new step, not from one a failure left
             trial.set_user_attr("error", f"{type(err).__name__}: {str(err)[:500]}")
             study.tell(trial, state=TrialState.FAIL)
             shutil.rmtree(trial_dir / "checkpoint", ignore_errors=True)
             tqdm.write(f"[grid] trial {trial.number} {params} failed: {type(err).__name__}: {err}")
+        if failed:  # after the except clause: its traceback (which holds the step's frames) is gone by now
+            finetune_step.release()
+            failed = False
             continue
         beat.stop()
         result["metrics"] = {k: v for k, v in result["metrics"].items() if k in (metric, "train_loss")

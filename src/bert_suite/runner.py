@@ -535,8 +535,8 @@ def train_and_evaluate(prepared: Prepared, model_name: str, args: TrainingArgume
         atomic_write_text(out / "all_results.json", json.dumps(metrics, indent=2, sort_keys=True))
     trainer.accelerator.wait_for_everyone()  # no process reads the folder (--test_file) before rank 0 wrote it
     if trainer._step:  # its graphs go now, or are kept for a grid worker's next trial (finetune_step.trials)
-        finetune_step.finished(trainer._step)
-        trainer._step = None
+        step, trainer._step = trainer._step, None
+        finetune_step.finished(step)
     return {"metrics": metrics, "history": history, "train_runtime": metrics["train_runtime"], "saved": saved}
 
 
