@@ -134,3 +134,48 @@ def test_the_captured_finetuning_step_trains_as_the_eager_one_without_a_host_syn
     for ours, theirs in zip(again, eager, strict=True):
         assert abs(float(ours) - theirs) < 1e-4, (again, eager)
     assert all(p.data_ptr() == q.data_ptr() for p, q in zip(model.parameters(), step.model.parameters(), strict=True))
+
+
+@on_the_device
+def test_a_kept_step_trains_the_next_trial_as_a_fresh_step_with_dropout_on(fp32_matmuls):
+    """A grid worker's next trial (another seed and learning rate, dropout on) through the step the trial before
+    captured gives a fresh step's losses and weights: the same dropout draws (the warm-up and capture give the
+    generator back its state) and no state of the trial before."""
+    from bert_suite import BertSuiteConfig, BertSuiteForSequenceClassification
+    from bert_suite.finetune_step import FinetuneStep, adopt, make_capturable
+
+    def trial(seed, lr):
+        torch.manual_seed(seed)
+        model = BertSuiteForSequenceClassification(BertSuiteConfig.from_preset(
+            "tiny", vocab_size=100, num_labels=3, unpad_inputs=False)).to(DEVICE)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=lr, fused=CUDA or None)
+        if CUDA:
+            make_capturable(optimizer)
+        return model, optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1 - step / 10)
+
+    g = torch.Generator().manual_seed(2)
+    batches = [{"input_ids": torch.randint(5, 100, (8, length), generator=g),
+                "attention_mask": torch.ones(8, length, dtype=torch.long),
+                "token_type_ids": torch.zeros(8, length, dtype=torch.long),
+                "labels": torch.randint(0, 3, (8,), generator=g)} for length in (32, 64, 32, 64, 32)]
+    accelerator = SimpleNamespace(num_processes=1, scaler=None)
+
+    def train(step, model, schedule):
+        torch.manual_seed(7)  # the Trainer seeds every trial
+        losses = []
+        for batch in batches:
+            losses.append(float(step.step({k: v.to(DEVICE) for k, v in batch.items()})))
+            schedule.step()
+        return losses, [p.detach().clone() for p in model.parameters()]
+
+    model, optimizer, schedule = trial(2, 5e-4)
+    fresh = train(FinetuneStep(accelerator, model, optimizer, 1.0, graph=CUDA), model, schedule)
+    model, optimizer, schedule = trial(1, 1e-3)
+    step = FinetuneStep(accelerator, model, optimizer, 1.0, graph=CUDA)
+    train(step, model, schedule)  # the trial before: both shapes captured, its optimizer state made
+    model, optimizer, schedule = trial(2, 5e-4)
+    adopt(step, model, optimizer)
+    kept = train(step, model, schedule)
+    assert kept[0] == pytest.approx(fresh[0], rel=1e-4, abs=1e-5)
+    for ours, theirs in zip(kept[1], fresh[1], strict=True):
+        assert torch.allclose(ours, theirs, atol=1e-5)
