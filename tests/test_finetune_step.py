@@ -132,6 +132,9 @@ def test_the_captured_steps_body_trains_as_the_trainers_step(tmp_path, monkeypat
 
     steps, real = [], finetune_step.FinetuneStep.step
     monkeypatch.setattr(finetune_step.FinetuneStep, "step", lambda self, batch: steps.append(1) or real(self, batch))
+    forwards, real_forward = [], finetune_step.CapturedForward.__call__
+    monkeypatch.setattr(finetune_step.CapturedForward, "__call__",
+                        lambda self, inputs: forwards.append(1) or real_forward(self, inputs))
     runs = {}
     for switch in ("0", "1"):
         monkeypatch.setenv("BERT_SUITE_CAPTURED_STEP", switch)
@@ -140,9 +143,11 @@ def test_the_captured_steps_body_trains_as_the_trainers_step(tmp_path, monkeypat
                                                        "--per_device_train_batch_size", "16", "--logging_steps", "1",
                                                        "--logging_strategy", "steps", "--max_grad_norm", "0.5")]) == 0
         runs[switch] = (json.loads((out / "all_results.json").read_text()), load_file(out / "model.safetensors"),
-                        len(steps))
+                        len(steps), len(forwards), (out / "predictions" / "dev.tsv").read_text())
     eager, captured = runs["0"], runs["1"]
     assert eager[2] == 0 and captured[2] == 10  # 2 epochs of 5 batches, every one through the captured body
+    assert eager[3] == 0 and captured[3] == 2  # 32 dev examples, one batch of 64 an evaluation, through its forward
+    assert captured[4] == eager[4] and captured[0]["eval_accuracy"] == eager[0]["eval_accuracy"]
     assert captured[0]["train_loss"] == pytest.approx(eager[0]["train_loss"], rel=1e-6)
     assert captured[0]["eval_loss"] == pytest.approx(eager[0]["eval_loss"], rel=1e-5)
     for name, weight in eager[1].items():
@@ -152,6 +157,41 @@ def test_the_captured_steps_body_trains_as_the_trainers_step(tmp_path, monkeypat
     assert cli_main(["finetune", "rte", *run_args(data, tmp_path / "accumulated", "--num_train_epochs", "1",
                                                    "--gradient_accumulation_steps", "2")]) == 0
     assert "captured step: off, gradient_accumulation_steps > 1" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("head", ["qa", "tokens", "choice"])
+def test_the_captured_evaluation_forward_gives_the_trainers_loss_logits_and_labels(tmp_path, monkeypatch, head):
+    """Evaluation and prediction through `CapturedForward` (its body on the CPU): Trainer.prediction_step's loss,
+    logits (a tuple of two for spans) and labels, with labels and without (a test set)."""
+    from bert_suite import BertSuiteForMultipleChoice, BertSuiteForQuestionAnswering, BertSuiteForTokenClassification
+    from bert_suite.finetune_step import CapturedForward
+
+    torch.manual_seed(0)
+    config = BertSuiteConfig.from_preset("tiny", vocab_size=50, num_labels=3)
+    model = {"qa": BertSuiteForQuestionAnswering, "tokens": BertSuiteForTokenClassification,
+             "choice": BertSuiteForMultipleChoice}[head](config).eval()
+    shape = (4, 2, 16) if head == "choice" else (4, 16)
+    batch = {"input_ids": torch.randint(5, 50, shape), "attention_mask": torch.ones(shape, dtype=torch.long),
+             "token_type_ids": torch.zeros(shape, dtype=torch.long)}
+    labels = {"qa": {"start_positions": torch.tensor([1, 2, 3, 0]), "end_positions": torch.tensor([2, 5, 3, 0])},
+              "tokens": {"labels": torch.randint(0, 3, (4, 16)).masked_fill(torch.rand(4, 16) < 0.3, -100)},
+              "choice": {"labels": torch.tensor([0, 1, 1, 0])}}[head]
+    found = {}
+    for switch in ("0", "1"):
+        monkeypatch.setenv("BERT_SUITE_CAPTURED_STEP", switch)
+        trainer = SuiteTrainer(model=model, args=transformers.TrainingArguments(
+            output_dir=str(tmp_path), use_cpu=True, report_to="none"))
+        found[switch] = [trainer.prediction_step(model, {**batch, **labels}, prediction_loss_only=False),
+                         trainer.prediction_step(model, dict(batch), prediction_loss_only=False),
+                         trainer.prediction_step(model, {**batch, **labels}, prediction_loss_only=True)]
+        assert isinstance(trainer._forward, CapturedForward) == (switch == "1")
+    flat = lambda x: [] if x is None else [x] if torch.is_tensor(x) else [t for item in x for t in flat(item)]  # noqa: E731
+    for ours, theirs in zip(found["1"], found["0"], strict=True):
+        assert [t.shape for t in flat(ours)] == [t.shape for t in flat(theirs)]
+        for a, b in zip(flat(ours), flat(theirs), strict=True):
+            assert torch.allclose(a.float(), b.float(), atol=1e-6)
+    assert found["1"][1][0] is None and found["1"][2][1] is None  # no labels: no loss; loss only: no logits
+    assert isinstance(found["1"][0][1], tuple) == (head == "qa")  # start and end logits
 
 
 def test_a_grid_workers_later_trials_adopt_the_kept_step_and_train_as_a_fresh_run(tmp_path, monkeypatch):

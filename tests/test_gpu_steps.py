@@ -179,3 +179,28 @@ def test_a_kept_step_trains_the_next_trial_as_a_fresh_step_with_dropout_on(fp32_
     assert kept[0] == pytest.approx(fresh[0], rel=1e-4, abs=1e-5)
     for ours, theirs in zip(kept[1], fresh[1], strict=True):
         assert torch.allclose(ours, theirs, atol=1e-5)
+
+
+@on_the_device
+def test_the_captured_evaluation_forward_gives_the_eager_outputs_without_a_host_sync(fp32_matmuls):
+    """Evaluation a graph a bucket (finetune_step.CapturedForward): the eager forward's loss and logits for each shape,
+    replays with no host sync, and outputs that the next replay overwrites (the Trainer copies them)."""
+    from bert_suite import BertSuiteConfig, BertSuiteForSequenceClassification
+    from bert_suite.finetune_step import CapturedForward
+
+    torch.manual_seed(0)
+    model = BertSuiteForSequenceClassification(BertSuiteConfig.from_preset(
+        "tiny", vocab_size=100, num_labels=3, unpad_inputs=False)).to(DEVICE).eval()
+    g = torch.Generator().manual_seed(3)
+    batches = [{"input_ids": torch.randint(5, 100, (16, length), generator=g).to(DEVICE),
+                "attention_mask": torch.ones(16, length, dtype=torch.long, device=DEVICE),
+                "labels": torch.randint(0, 3, (16,), generator=g).to(DEVICE)} for length in (32, 64, 32, 64)]
+    with torch.no_grad():
+        eager = [model(**batch) for batch in batches]
+    forward = CapturedForward(model, graph=CUDA)
+    for number, (batch, expected) in enumerate(zip(batches, eager, strict=True)):
+        with no_sync() if number >= 2 else contextlib.nullcontext():  # both shapes captured by then
+            out = {k: v.clone() for k, v in forward(batch).items()}
+        assert torch.allclose(out["logits"], expected.logits, atol=1e-5)
+        assert torch.allclose(out["loss"], expected.loss, atol=1e-5)
+    assert len(forward.captured) == 2

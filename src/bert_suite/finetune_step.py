@@ -25,12 +25,14 @@ from __future__ import annotations
 import contextlib
 import gc
 import json
+import logging
 import os
 
 import torch
 
-from .pretraining.step import PretrainingStep, _Captured
+from .pretraining.step import PretrainingStep, _Captured, end_failed_capture
 
+log = logging.getLogger(__name__)
 SWITCH = "BERT_SUITE_CAPTURED_STEP"  # auto (default): on with CUDA; 1: also on the CPU (the body, no graph); 0: off
 
 
@@ -70,9 +72,10 @@ class FinetuneStep(PretrainingStep):
         return self.take_totals()["loss"]
 
 
-def captured_step_problem(args, model, optimizer, trainer=None) -> str | None:
+def captured_step_problem(args, model, optimizer, trainer=None, training: bool = True) -> str | None:
     """Why the captured step cannot run for these TrainingArguments and this Trainer (one line), or None when it
-    can. The step computes the model's own loss: a Trainer that computes another one keeps its own step."""
+    can. The step computes the model's own loss: a Trainer that computes another one keeps its own step.
+    training=False: the same for the captured evaluation forward (`CapturedForward`: no optimizer, no backward)."""
     if trainer is not None:
         from transformers import Trainer
 
@@ -80,28 +83,85 @@ def captured_step_problem(args, model, optimizer, trainer=None) -> str | None:
             return "label_smoothing_factor (the Trainer smooths the loss outside the model)"
         if getattr(trainer, "compute_loss_func", None) is not None or type(trainer).compute_loss is not Trainer.compute_loss:
             return "a custom loss (compute_loss)"
-    if args.gradient_accumulation_steps != 1:
+    if training and args.gradient_accumulation_steps != 1:
         return "gradient_accumulation_steps > 1 (the graph holds one batch a step)"
-    if args.fp16:
+    if training and args.fp16:
         return "fp16 (its loss scaling skips steps from the host); bf16 keeps the captured step"
     if args.world_size != 1:
         return f"{args.world_size} processes (a graph holds one process's step)"
     if getattr(args, "n_gpu", 1) > 1:
         return f"DataParallel over {args.n_gpu} GPUs (launch one process per GPU, or --workers_per_gpu for a grid)"
-    if args.gradient_checkpointing:
-        return "gradient_checkpointing (its recomputation saves the random state, which a capture cannot)"
     if args.torch_compile and (args.torch_compile_mode or "") in ("reduce-overhead", "max-autotune"):
         return f"torch_compile_mode {args.torch_compile_mode} (its own CUDA graphs)"
     if getattr(getattr(model, "config", None), "bilstm", False):
         return "the BiLSTM head (it reads the lengths on the host)"
     if getattr(args, "deepspeed", None) or getattr(args, "fsdp", None):
         return "DeepSpeed or FSDP"
+    if not training:
+        return None
+    if args.gradient_checkpointing:
+        return "gradient_checkpointing (its recomputation saves the random state, which a capture cannot)"
     inner = getattr(optimizer, "optimizer", optimizer)
     if type(inner) is not torch.optim.AdamW:
         return f"the optimizer is {type(inner).__name__} (the captured step takes torch's AdamW)"
     if any(p.requires_grad and p.is_sparse for p in model.parameters()):
         return "sparse parameters"
     return None
+
+
+class CapturedForward:
+    """The model's forward without gradients (evaluation and prediction), one CUDA graph a batch structure (its keys,
+    shapes and dtypes: a bucket and a batch size), captured on the first batch of each and replayed: no kernel
+    launched from Python, no host sync. `__call__(inputs)` returns the output's tensors by name, in the output's
+    order, as the graph's own tensors: valid until the next call (the caller copies them). On the CPU (graph=False,
+    the tests) the same forward runs eagerly on the same static buffers. A capture that fails is logged and that
+    structure runs eagerly. The model must be in evaluation mode (no dropout to draw)."""
+
+    def __init__(self, model, graph: bool):
+        self.model, self.graph = model, graph
+        self.captured: dict[tuple, tuple] = {}  # structure -> (input buffers, graph or None, output tensors)
+        self.pool = None
+
+    def _forward(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        with torch.no_grad():
+            out = self.model(**batch, return_dict=True)
+        return {k: v for k, v in out.items() if torch.is_tensor(v)}
+
+    def __call__(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        key = tuple((k, tuple(v.shape), v.dtype) for k, v in sorted(inputs.items()))
+        if key not in self.captured:
+            self.captured[key] = self._capture({k: v.clone() for k, v in inputs.items()})
+        buffers, graph, outputs = self.captured[key]
+        for name, value in inputs.items():
+            buffers[name].copy_(value, non_blocking=True)
+        if graph is None:
+            return self._forward(buffers)
+        graph.replay()
+        return outputs
+
+    def _capture(self, buffers: dict[str, torch.Tensor]) -> tuple:
+        if not self.graph:
+            return buffers, None, None
+        device = next(iter(buffers.values())).device
+        stream = torch.cuda.current_stream(device)
+        try:
+            side = torch.cuda.Stream(device)  # warm-up (and compilation) on a side stream, as for the step
+            side.wait_stream(stream)
+            with torch.cuda.stream(side):
+                self._forward(buffers)
+            stream.wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool):
+                outputs = self._forward(buffers)
+        except RuntimeError as err:
+            log.warning("CUDA graph capture of the evaluation forward failed (%s); it runs without a graph",
+                        str(err).splitlines()[0])
+            torch.cuda.set_stream(stream)
+            end_failed_capture(device)
+            return buffers, None, None
+        if self.pool is None:
+            self.pool = graph.pool()
+        return buffers, graph, outputs
 
 
 def wanted(device_type: str) -> bool:

@@ -115,6 +115,7 @@ class SuiteTrainer(Trainer):
     _flops_per_token: int | None = None
     _step = None  # the captured step (bert_suite.finetune_step) once chosen; False: the Trainer's own
     _grad_norm = None
+    _forward = None  # the captured evaluation forward once chosen; False: the Trainer's prediction_step
 
     def _captured_step(self, model):
         """The captured step for this run, made at its first step, or None where the Trainer's own step runs (one
@@ -151,6 +152,41 @@ class SuiteTrainer(Trainer):
         loss = step.step(self._prepare_inputs(inputs))
         self._grad_norm = step.grad_norm
         return loss
+
+    def _captured_forward(self, model):
+        """The captured evaluation forward (finetune_step.CapturedForward) where the captured step is asked for and
+        the Trainer computes the model's own loss, else None: evaluation and prediction as a graph a bucket."""
+        if self._forward is not None and (self._forward is False or self._forward.model is model):
+            return self._forward or None
+        self._forward, device = False, self.args.device.type
+        if finetune_step.wanted(device) and not finetune_step.captured_step_problem(self.args, model, None, self,
+                                                                                    training=False):
+            if device == "cuda" and self.args.bf16:  # accelerate's autocast keeps a weight cache a graph cannot hold
+                finetune_step.uncached_autocast(self.accelerator.unwrap_model(model), "cuda", torch.bfloat16)
+            self._forward = finetune_step.CapturedForward(model, graph=device == "cuda")
+        return self._forward or None
+
+    def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
+        """Trainer.prediction_step's loss, logits and labels, through the captured forward where it runs (the mean
+        loss over the batch's labels: the model's own, as the Trainer's with no loss of its own)."""
+        forward = self._captured_forward(model)
+        if forward is None or not all(torch.is_tensor(v) for v in inputs.values()):
+            return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys)
+        has_labels = bool(self.label_names) and all(inputs.get(k) is not None for k in self.label_names)
+        inputs = self._prepare_inputs(inputs)
+        if ignore_keys is None:
+            ignore_keys = getattr(getattr(self.model, "config", None), "keys_to_ignore_at_inference", ["past_key_values"])
+        labels = None
+        if has_labels:
+            labels = tuple(inputs[name].detach() for name in self.label_names)
+            labels = labels[0] if len(labels) == 1 else labels
+        with self.compute_loss_context_manager():
+            outputs = forward(inputs)  # the graph's tensors: copied before the next batch overwrites them
+        loss = outputs["loss"].detach().mean().clone() if has_labels and "loss" in outputs else None
+        if prediction_loss_only:
+            return loss, None, None
+        logits = tuple(v.detach().clone() for k, v in outputs.items() if k not in [*ignore_keys, "loss"])
+        return loss, logits[0] if len(logits) == 1 else logits, labels
 
     def _clip_grad_norm(self, model):
         return self._grad_norm if self._step else super()._clip_grad_norm(model)
@@ -534,6 +570,9 @@ def train_and_evaluate(prepared: Prepared, model_name: str, args: TrainingArgume
                               json.dumps(settings, indent=2, sort_keys=True))
         atomic_write_text(out / "all_results.json", json.dumps(metrics, indent=2, sort_keys=True))
     trainer.accelerator.wait_for_everyone()  # no process reads the folder (--test_file) before rank 0 wrote it
+    if trainer._forward:  # the evaluation graphs (a trial's own: they read its model)
+        trainer._forward.captured.clear()
+        trainer._forward = None
     if trainer._step:  # its graphs go now, or are kept for a grid worker's next trial (finetune_step.trials)
         step, trainer._step = trainer._step, None
         finetune_step.finished(step)
