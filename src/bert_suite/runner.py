@@ -161,8 +161,9 @@ class SuiteTrainer(Trainer):
         self._forward, device = False, self.args.device.type
         if finetune_step.wanted(device) and not finetune_step.captured_step_problem(self.args, model, None, self,
                                                                                     training=False):
-            if device == "cuda" and self.args.bf16:  # accelerate's autocast keeps a weight cache a graph cannot hold
-                finetune_step.uncached_autocast(self.accelerator.unwrap_model(model), "cuda", torch.bfloat16)
+            if device == "cuda" and (self.args.bf16 or self.args.fp16):  # accelerate's autocast caches weights
+                finetune_step.uncached_autocast(self.accelerator.unwrap_model(model), "cuda",
+                                                torch.bfloat16 if self.args.bf16 else torch.float16)
             self._forward = finetune_step.CapturedForward(model, graph=device == "cuda")
         return self._forward or None
 
