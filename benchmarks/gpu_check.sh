@@ -128,7 +128,7 @@ else
         --out "$PARTS/pretrain-base-512.json"
 fi
 step grid 240 $PY "${FINE[@]}" --grid "${GRID[@]}" --out "$PARTS/grid.json"
-step correctness 90 "${TESTS[@]}" -k "test_correctness or test_masks_made or test_the_captured or test_a_kept_step"
+step correctness 90 "${TESTS[@]}" -k "test_correctness or test_masks_made or test_the_captured or test_a_kept_step or test_predictions_through"
 step recipe 150 "${TESTS[@]}" -k test_recipe
 
 # --- summary: the JSON files and one Markdown file from the parts (the parts stay if this fails)

@@ -5,6 +5,7 @@ parameters at every step, and no per-step host sync among a GPU run's defaults."
 import csv
 import json
 
+import numpy
 import pytest
 import torch
 import transformers
@@ -192,6 +193,36 @@ def test_the_captured_evaluation_forward_gives_the_trainers_loss_logits_and_labe
             assert torch.allclose(a.float(), b.float(), atol=1e-6)
     assert found["1"][1][0] is None and found["1"][2][1] is None  # no labels: no loss; loss only: no logits
     assert isinstance(found["1"][0][1], tuple) == (head == "qa")  # start and end logits
+
+
+def test_the_evaluation_graphs_are_made_again_when_the_weights_move(tmp_path, monkeypatch):
+    """Graphs read the memory they were captured on: after the parameters get new storage (a kept step adopted by a
+    later trial, `model.to(bf16)` for --bf16_full_eval) the next evaluation makes new ones; the same storage keeps
+    them, and predictions are the Trainer's either way."""
+    import datasets
+
+    from bert_suite.finetune_step import CapturedForward
+
+    monkeypatch.setenv("BERT_SUITE_CAPTURED_STEP", "1")
+    torch.manual_seed(0)
+    model = BertSuiteForSequenceClassification(BertSuiteConfig.from_preset("tiny", vocab_size=50, num_labels=2))
+    g = torch.Generator().manual_seed(1)
+    data = datasets.Dataset.from_dict({"input_ids": torch.randint(5, 50, (12, 16), generator=g).tolist(),
+                                       "attention_mask": [[1] * 16] * 12, "labels": [0, 1] * 6})
+    trainer = SuiteTrainer(model=model, args=transformers.TrainingArguments(
+        output_dir=str(tmp_path), use_cpu=True, report_to="none", per_device_eval_batch_size=4))
+    first = trainer.predict(data)
+    made = trainer._forward
+    assert isinstance(made, CapturedForward) and trainer.predict(data) is not None and trainer._forward is made
+    for p in model.parameters():  # what adopt does: the same parameters, other storage
+        p.data = p.data.clone()
+    again = trainer.predict(data)
+    assert trainer._forward is not made and isinstance(trainer._forward, CapturedForward)
+    assert numpy.allclose(again.predictions, first.predictions, atol=1e-6)
+    monkeypatch.setenv("BERT_SUITE_CAPTURED_STEP", "0")
+    stock = SuiteTrainer(model=model, args=trainer.args).predict(data)
+    assert numpy.allclose(stock.predictions, first.predictions, atol=1e-6) and stock.metrics["test_loss"] == \
+        pytest.approx(first.metrics["test_loss"], rel=1e-6)
 
 
 def test_a_grid_workers_later_trials_adopt_the_kept_step_and_train_as_a_fresh_run(tmp_path, monkeypatch):

@@ -198,9 +198,51 @@ def test_the_captured_evaluation_forward_gives_the_eager_outputs_without_a_host_
     with torch.no_grad():
         eager = [model(**batch) for batch in batches]
     forward = CapturedForward(model, graph=CUDA)
+    outputs = []
     for number, (batch, expected) in enumerate(zip(batches, eager, strict=True)):
         with no_sync() if number >= 2 else contextlib.nullcontext():  # both shapes captured by then
-            out = {k: v.clone() for k, v in forward(batch).items()}
+            outputs.append(forward(batch))
+            out = {k: v.clone() for k, v in outputs[-1].items()}
         assert torch.allclose(out["logits"], expected.logits, atol=1e-5)
         assert torch.allclose(out["loss"], expected.loss, atol=1e-5)
     assert len(forward.captured) == 2
+    if CUDA:  # graphs, not the eager fallback: each shape's replays hand back the graph's own tensors
+        assert all(graph is not None for _, graph, _ in forward.captured.values())
+        assert outputs[2]["logits"] is outputs[0]["logits"] and outputs[3]["logits"] is outputs[1]["logits"]
+    with torch.no_grad():  # weights changed in place (an optimizer step): the replays read them
+        for p in model.parameters():
+            p.mul_(0.9)
+        expected = model(**batches[1])
+    assert torch.allclose(forward(batches[1])["logits"], expected.logits, atol=1e-5)
+
+
+@on_the_device
+def test_predictions_through_the_captured_forward_are_the_trainers_in_bf16(monkeypatch, tmp_path):
+    """SuiteTrainer.predict over two batches of one shape (the second replay overwrites the first's outputs, which
+    the Trainer must have copied) under bf16 autocast: the Trainer's own predictions and loss."""
+    import datasets
+    import numpy
+    import transformers
+
+    from bert_suite import BertSuiteConfig, BertSuiteForSequenceClassification
+    from bert_suite.runner import SuiteTrainer
+
+    g = torch.Generator().manual_seed(4)
+    data = datasets.Dataset.from_dict({"input_ids": torch.randint(5, 100, (16, 32), generator=g).tolist(),
+                                       "attention_mask": [[1] * 32] * 16, "labels": [0, 1, 2, 1] * 4})
+    args = transformers.TrainingArguments(output_dir=str(tmp_path), use_cpu=not CUDA, report_to="none", bf16=True,
+                                          per_device_eval_batch_size=8)
+    found = {}
+    for switch in ("0", "1"):
+        monkeypatch.setenv("BERT_SUITE_CAPTURED_STEP", switch)
+        torch.manual_seed(0)  # the same weights, a model of its own (accelerate wraps a model's forward once)
+        model = BertSuiteForSequenceClassification(BertSuiteConfig.from_preset("tiny", vocab_size=100, num_labels=3,
+                                                                                unpad_inputs=False))
+        trainer = SuiteTrainer(model=model, args=args)
+        found[switch] = trainer.predict(data)
+        assert (trainer._forward is not False) == (switch == "1")
+        if CUDA and switch == "1":  # graphs, not the eager fallback of a capture that failed
+            assert all(graph is not None for _, graph, _ in trainer._forward.captured.values())
+    assert numpy.allclose(found["1"].predictions, found["0"].predictions, atol=2e-2)
+    assert found["1"].metrics["test_loss"] == pytest.approx(found["0"].metrics["test_loss"], abs=2e-2)
+    assert not numpy.allclose(found["1"].predictions[:8], found["1"].predictions[8:])  # two batches, two answers

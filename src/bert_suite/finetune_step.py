@@ -119,6 +119,7 @@ class CapturedForward:
 
     def __init__(self, model, graph: bool):
         self.model, self.graph = model, graph
+        self.weights = weights_key(model)  # what the graphs read: the caller checks it still holds (weights_key)
         self.captured: dict[tuple, tuple] = {}  # structure -> (input buffers, graph or None, output tensors)
         self.pool = None
 
@@ -144,6 +145,7 @@ class CapturedForward:
             return buffers, None, None
         device = next(iter(buffers.values())).device
         stream = torch.cuda.current_stream(device)
+        rng = torch.cuda.get_rng_state(device)  # as the step's capture: the generator as it was
         try:
             side = torch.cuda.Stream(device)  # warm-up (and compilation) on a side stream, as for the step
             side.wait_stream(stream)
@@ -151,7 +153,8 @@ class CapturedForward:
                 self._forward(buffers)
             stream.wait_stream(side)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.pool):
+            # thread_local: a loader's pin-memory thread calling CUDA meanwhile is not an error in the capture
+            with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
                 outputs = self._forward(buffers)
         except RuntimeError as err:
             log.warning("CUDA graph capture of the evaluation forward failed (%s); it runs without a graph",
@@ -159,9 +162,17 @@ class CapturedForward:
             torch.cuda.set_stream(stream)
             end_failed_capture(device)
             return buffers, None, None
+        finally:
+            torch.cuda.set_rng_state(rng, device)
         if self.pool is None:
             self.pool = graph.pool()
         return buffers, graph, outputs
+
+
+def weights_key(model) -> tuple:
+    """Where and in what dtype the model's parameters and buffers live: a graph captured on them reads that memory,
+    so another key (a kept step adopted, `model.to(bf16)` for --bf16_full_eval) means new graphs."""
+    return tuple((t.data_ptr(), t.dtype) for t in (*model.parameters(), *model.buffers()))
 
 
 def wanted(device_type: str) -> bool:

@@ -116,6 +116,7 @@ class SuiteTrainer(Trainer):
     _step = None  # the captured step (bert_suite.finetune_step) once chosen; False: the Trainer's own
     _grad_norm = None
     _forward = None  # the captured evaluation forward once chosen; False: the Trainer's prediction_step
+    _forward_checked = False  # whether this evaluation checked that its graphs still read the model's tensors
 
     def _captured_step(self, model):
         """The captured step for this run, made at its first step, or None where the Trainer's own step runs (one
@@ -135,6 +136,7 @@ class SuiteTrainer(Trainer):
                         if not self.args.torch_compile:  # --torch_compile: the Trainer compiled the whole model
                             finetune_step.compile_encoder(self.accelerator.unwrap_model(model))
                     # a grid worker's later trial adopts the step (and graphs) of the one before when they match
+                    self._forward = None  # evaluation graphs made before (eval_on_start) read the weights adopt replaces
                     self._step = finetune_step.step_for(self.accelerator, model, self.optimizer,
                                                         self.args.max_grad_norm, graph=device == "cuda",
                                                         extra=(device, self.args.bf16, self.args.torch_compile))
@@ -156,8 +158,14 @@ class SuiteTrainer(Trainer):
     def _captured_forward(self, model):
         """The captured evaluation forward (finetune_step.CapturedForward) where the captured step is asked for and
         the Trainer computes the model's own loss, else None: evaluation and prediction as a graph a bucket."""
-        if self._forward is not None and (self._forward is False or self._forward.model is model):
-            return self._forward or None
+        if self._forward is False:
+            return None
+        if self._forward is not None and not self._forward_checked:  # once an evaluation: the graphs read these
+            self._forward_checked = True  # tensors, which a kept step's adoption or --bf16_full_eval replaces
+            if self._forward.model is not model or self._forward.weights != finetune_step.weights_key(model):
+                self._forward = None
+        if self._forward is not None:
+            return self._forward
         self._forward, device = False, self.args.device.type
         if finetune_step.wanted(device) and not finetune_step.captured_step_problem(self.args, model, None, self,
                                                                                     training=False):
@@ -165,6 +173,7 @@ class SuiteTrainer(Trainer):
                 finetune_step.uncached_autocast(self.accelerator.unwrap_model(model), "cuda",
                                                 torch.bfloat16 if self.args.bf16 else torch.float16)
             self._forward = finetune_step.CapturedForward(model, graph=device == "cuda")
+        self._forward_checked = True
         return self._forward or None
 
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
@@ -205,6 +214,7 @@ class SuiteTrainer(Trainer):
 
     def evaluation_loop(self, dataloader, description, prediction_loss_only=None, ignore_keys=None,
                         metric_key_prefix="eval"):
+        self._forward_checked = False
         output = super().evaluation_loop(dataloader, description, prediction_loss_only, ignore_keys, metric_key_prefix)
         if description == "Evaluation" and output.predictions is not None:
             if self._evaluated is None:
