@@ -259,6 +259,27 @@ def test_several_pre_trainings_a_model_pair_by_position_and_a_random_twin_draws_
     assert torch.equal(one, same) and not torch.equal(one, other)
 
 
+def test_one_architectures_models_share_a_tasks_captured_step_and_score_as_without_it(setup, compared, tmp_path,
+                                                                                      monkeypatch):
+    """With the captured step (its body on the CPU), the pre-trained model and its random twin (one architecture)
+    share one step on a task, each grid trial adopting it with its own weights: the scores of the run without it."""
+    from bert_suite import finetune_step
+
+    monkeypatch.setenv("BERT_SUITE_CAPTURED_STEP", "1")
+    made, adopted = [], []
+    real_init, real_adopt = finetune_step.FinetuneStep.__init__, finetune_step.adopt
+    monkeypatch.setattr(finetune_step.FinetuneStep, "__init__",
+                        lambda self, *a, **k: made.append(1) or real_init(self, *a, **k))
+    monkeypatch.setattr(finetune_step, "adopt", lambda *a: adopted.append(1) or real_adopt(*a))
+    out = tmp_path / "out"
+    assert cli_main(rte_args(setup, out)) == 0
+    assert (len(made), len(adopted)) == (1, 3)  # 2 models x 2 seeds: one step, adopted three times
+    ours = json.loads((out / "compare.json").read_text())["tasks"]["rte"]["models"]
+    theirs = json.loads((compared / "compare.json").read_text())["tasks"]["rte"]["models"]
+    for name in ("pre", "random"):
+        assert ours[name]["scores"] == pytest.approx(theirs[name]["scores"], abs=1e-9), name
+
+
 @pytest.mark.parametrize("case, message", [
     ("unpaired", r"--model random=.*: 1 checkpoint, pre has 2: rows pair by position"),
     ("path-twice", r"--model pre=.*: .* is given twice; expected each pre-training's checkpoint once"),

@@ -32,6 +32,7 @@ from pathlib import Path
 
 import datasets
 
+from . import finetune_step
 from .cards import CardError, TaskCard, load_card
 from .grid import grid_key, run_grid, search_space
 from .io import atomic_write_text, save_figure
@@ -295,20 +296,21 @@ def run_compare(models: dict[str, Model], tasks: dict[str, Task], baseline: str,
     total, done = len(tasks) * len(models), 0
     found: dict[str, dict[str, dict]] = {}
     same = same_models(models, baseline)
-    for task in tasks.values():
-        found[task.key] = {}
-        for model in models.values():
-            done += 1
-            if model.name in same:
-                log(f"[compare] {done}/{total}: {task.key} with {model.name}: the same model as {same[model.name]} "
-                    "(fresh weights from the same config and vocabulary, the same seeds): its grid")
-                continue
-            log(f"[compare] {done}/{total}: {task.key} with {model.name} ({model.model})")
-            found[task.key][model.name] = grid_scores(task, model, spaces[task.key], grid_folder(out, task, model),
-                                                      storage, max_seq_length, max_eval_samples, overrides, precision,
-                                                      heartbeat_interval, grace_period)
-        for name, twin in same.items():
-            found[task.key][name] = found[task.key][twin]
+    with finetune_step.trials():  # one architecture's checkpoints share a task's captured step (on a GPU)
+        for task in tasks.values():
+            found[task.key] = {}
+            for model in models.values():
+                done += 1
+                if model.name in same:
+                    log(f"[compare] {done}/{total}: {task.key} with {model.name}: the same model as {same[model.name]} "
+                        "(fresh weights from the same config and vocabulary, the same seeds): its grid")
+                    continue
+                log(f"[compare] {done}/{total}: {task.key} with {model.name} ({model.model})")
+                found[task.key][model.name] = grid_scores(task, model, spaces[task.key], grid_folder(out, task, model),
+                                                          storage, max_seq_length, max_eval_samples, overrides, precision,
+                                                          heartbeat_interval, grace_period)
+            for name, twin in same.items():
+                found[task.key][name] = found[task.key][twin]
     result = build_result(baseline, seeds, models, tasks, found)
     for row, twin in same_rows(models, same).items():
         result["models"][row]["same_as"] = twin
