@@ -539,3 +539,17 @@ def mask_loaders(data, collator, static, causal=False, accumulation=2, world=2, 
     masked = Batches(data, collator, cfg, first_step, rank, world, form, causal)
     shipped = IdsBatches(IdsTable(data, PAD), collator, cfg, first_step, rank, world, static, causal)
     return masked, shipped, StepMasker(collator, seed, static, form[1] if form else None, causal)
+
+
+def count_kept_steps(monkeypatch) -> tuple[list, list]:
+    """The captured fine-tuning step on (its body on the CPU), and two lists that grow by one for each step made
+    (`FinetuneStep.__init__`) and each adopted by a later trial (`finetune_step.adopt`)."""
+    from bert_suite import finetune_step
+
+    monkeypatch.setenv("BERT_SUITE_CAPTURED_STEP", "1")
+    made, adopted = [], []
+    real_init, real_adopt = finetune_step.FinetuneStep.__init__, finetune_step.adopt
+    monkeypatch.setattr(finetune_step.FinetuneStep, "__init__",
+                        lambda self, *a, **k: made.append(1) or real_init(self, *a, **k))
+    monkeypatch.setattr(finetune_step, "adopt", lambda *a: adopted.append(1) or real_adopt(*a))
+    return made, adopted

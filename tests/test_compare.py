@@ -21,7 +21,17 @@ from bert_suite.cli import main as cli_main
 from bert_suite.compare import Model, Task, build_result, markdown
 from bert_suite.pretraining.instances import build_pretraining_dataset
 from bert_suite.runner import ModelSpec, RunError, load_model
-from helpers import REPO, SQUAD_VOCAB, WORDS, fresh_state, load_recipe, recipe_args, write_rte_like, write_squad_like
+from helpers import (
+    REPO,
+    SQUAD_VOCAB,
+    WORDS,
+    count_kept_steps,
+    fresh_state,
+    load_recipe,
+    recipe_args,
+    write_rte_like,
+    write_squad_like,
+)
 
 SEEDS = ["1", "2"]
 
@@ -263,14 +273,7 @@ def test_one_architectures_models_share_a_tasks_captured_step_and_score_as_witho
                                                                                       monkeypatch):
     """With the captured step (its body on the CPU), the pre-trained model and its random twin (one architecture)
     share one step on a task, each grid trial adopting it with its own weights: the scores of the run without it."""
-    from bert_suite import finetune_step
-
-    monkeypatch.setenv("BERT_SUITE_CAPTURED_STEP", "1")
-    made, adopted = [], []
-    real_init, real_adopt = finetune_step.FinetuneStep.__init__, finetune_step.adopt
-    monkeypatch.setattr(finetune_step.FinetuneStep, "__init__",
-                        lambda self, *a, **k: made.append(1) or real_init(self, *a, **k))
-    monkeypatch.setattr(finetune_step, "adopt", lambda *a: adopted.append(1) or real_adopt(*a))
+    made, adopted = count_kept_steps(monkeypatch)
     out = tmp_path / "out"
     assert cli_main(rte_args(setup, out)) == 0
     assert (len(made), len(adopted)) == (1, 3)  # 2 models x 2 seeds: one step, adopted three times

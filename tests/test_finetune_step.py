@@ -14,7 +14,7 @@ from bert_suite import BertSuiteConfig, BertSuiteForSequenceClassification
 from bert_suite.adapters import classification, multiple_choice, ner, squad
 from bert_suite.cli import main as cli_main
 from bert_suite.runner import RunError, SuiteTrainer, device_defaults, length_bucket
-from helpers import run_args, write_rte_like
+from helpers import count_kept_steps, run_args, write_rte_like
 
 
 @pytest.fixture(scope="module")
@@ -236,12 +236,7 @@ def test_a_grid_workers_later_trials_adopt_the_kept_step_and_train_as_a_fresh_ru
 
     data = write_rte_like(tmp_path / "data", n_train=80, n_dev=32)
     monkeypatch.setenv("BERT_SUITE_LENGTH_BUCKET", "16")
-    monkeypatch.setenv("BERT_SUITE_CAPTURED_STEP", "1")
-    made, adopted = [], []
-    real_init, real_adopt = finetune_step.FinetuneStep.__init__, finetune_step.adopt
-    monkeypatch.setattr(finetune_step.FinetuneStep, "__init__",
-                        lambda self, *a, **k: made.append(1) or real_init(self, *a, **k))
-    monkeypatch.setattr(finetune_step, "adopt", lambda *a: adopted.append(1) or real_adopt(*a))
+    made, adopted = count_kept_steps(monkeypatch)
 
     def grid(out, learning_rates, batch_sizes, seeds, *extra):
         argv = ["grid", "rte", *run_args(data, out), "--learning_rates", *learning_rates, "--batch_sizes",
@@ -282,13 +277,9 @@ def test_a_grid_workers_later_trials_adopt_the_kept_step_and_train_as_a_fresh_ru
 def test_a_lora_grid_keeps_no_step_since_a_saved_trial_merges_its_model(tmp_path, monkeypatch):
     """A LoRA trial's saved model is merged in place (merge_and_unload): the step that trained it cannot serve the
     next trial of the same rank, which makes its own, and every trial completes."""
-    from bert_suite import finetune_step
 
     data = write_rte_like(tmp_path / "data", n_train=48, n_dev=16)
-    monkeypatch.setenv("BERT_SUITE_CAPTURED_STEP", "1")
-    made, real_init = [], finetune_step.FinetuneStep.__init__
-    monkeypatch.setattr(finetune_step.FinetuneStep, "__init__",
-                        lambda self, *a, **k: made.append(1) or real_init(self, *a, **k))
+    made, _ = count_kept_steps(monkeypatch)
     out = tmp_path / "grid"
     assert cli_main(["grid", "rte", *run_args(data, out), "--learning_rates", "5e-3", "--batch_sizes", "16",
                      "--epochs", "1", "--seeds", "1", "2", "--lora_ranks", "2"]) == 0
