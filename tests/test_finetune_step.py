@@ -309,6 +309,22 @@ def test_a_workers_later_trials_reuse_the_first_ones_compiled_regions():
     assert compiled[0] > 0 and compiled == [compiled[0]] * 2, compiled
 
 
+def test_the_encoder_is_compiled_for_long_runs_only_unless_told(monkeypatch):
+    """Compilation costs a GPU run its first epoch (a graph per bucket); it pays only over many steps: auto compiles
+    from COMPILE_FROM_STEPS on (RTE's grid, SQuAD: eager kernels, replayed); BERT_SUITE_COMPILE_FINETUNE decides."""
+    from bert_suite.finetune_step import COMPILE_FROM_STEPS, compile_wanted
+
+    monkeypatch.delenv("BERT_SUITE_COMPILE_FINETUNE", raising=False)
+    assert not compile_wanted(234) and not compile_wanted(5_500) and compile_wanted(COMPILE_FROM_STEPS)
+    monkeypatch.setenv("BERT_SUITE_COMPILE_FINETUNE", "1")
+    assert compile_wanted(10)
+    monkeypatch.setenv("BERT_SUITE_COMPILE_FINETUNE", "0")
+    assert not compile_wanted(10**6)
+    monkeypatch.setenv("BERT_SUITE_COMPILE_FINETUNE", "sometimes")
+    with pytest.raises(ValueError, match="BERT_SUITE_COMPILE_FINETUNE must be auto, 1 or 0"):
+        compile_wanted(10)
+
+
 def test_what_the_captured_step_cannot_do_is_said_and_left_to_the_trainer(tmp_path):
     """A loss the Trainer computes outside the model (label smoothing), DataParallel, gradient checkpointing and the
     BiLSTM head keep the Trainer's step, each with its reason; the optimizer is made capturable in place."""

@@ -1,4 +1,4 @@
-"""The fine-tuning step on a GPU: compiled, and captured as one CUDA graph per batch shape.
+"""The fine-tuning step on a GPU: captured as one CUDA graph per batch shape (and compiled for long runs).
 
 On a GPU the Trainer's step is bound by the host: BERT-base on RTE spends about 64 ms of Python and kernel
 launches a step for about 7 ms of GPU work. The pre-training step fixed the same thing by making its step static
@@ -9,7 +9,8 @@ and replaying it as one CUDA graph (`bert_suite.pretraining.step`); fine-tuning 
 - one graph a shape: forward, backward, clipping and the fused AdamW step (a device learning rate the scheduler
   fills in place) captured on the first batch of each shape, sharing one memory pool, and replayed; nothing on a
   step reads a value on the host (the Trainer reads the loss and the gradient norm at logging steps only);
-- compiled regions: the embeddings and the encoder layers (one graph serves every layer of a shape);
+- for long runs (`compile_wanted`: 15,000 steps or more), compiled regions: the embeddings and the encoder layers
+  (one graph serves every layer of a shape); a shorter run would spend more compiling than it saves;
 - kept across a grid worker's trials (`trials()`): the next trial of the same model, optimizer settings and
   clipping copies its fresh weights and zeroed optimizer state into the step's tensors and replays the graphs
   already captured (`step_for`, `adopt`), so that a trial's fixed cost is neither a compilation nor a capture.
@@ -173,6 +174,23 @@ def weights_key(model) -> tuple:
     """Where and in what dtype the model's parameters and buffers live: a graph captured on them reads that memory,
     so another key (a kept step adopted, `model.to(bf16)` for --bf16_full_eval) means new graphs."""
     return tuple((t.data_ptr(), t.dtype) for t in (*model.parameters(), *model.buffers()))
+
+
+COMPILE_SWITCH = "BERT_SUITE_COMPILE_FINETUNE"  # auto (default): runs of COMPILE_FROM_STEPS steps or more; 1; 0
+# Where compiling the encoder starts to pay on a GPU, estimated from issue 49's H200 figures: a captured BERT-base step
+# does about 7 ms of GPU work, a fifth to a quarter of it element-wise work that compilation fuses (1.5-2 ms saved a
+# step), while compiling its regions costs 30 s or more a run (a graph per bucket and batch size, forward and
+# backward). Below this, a run (RTE's 234 steps, SQuAD's 5,500) starts at once and replays eager kernels.
+COMPILE_FROM_STEPS = 15_000
+
+
+def compile_wanted(max_steps: int) -> bool:
+    """Whether the captured step's model is compiled (`compile_encoder`) for a run of `max_steps` optimizer steps
+    (BERT_SUITE_COMPILE_FINETUNE: auto, 1 or 0)."""
+    value = os.environ.get(COMPILE_SWITCH, "auto").strip().lower()
+    if value not in ("auto", "0", "1", "true", "false"):
+        raise ValueError(f"{COMPILE_SWITCH} must be auto, 1 or 0, got {value!r}")
+    return max_steps >= COMPILE_FROM_STEPS if value == "auto" else value in ("1", "true")
 
 
 def wanted(device_type: str) -> bool:

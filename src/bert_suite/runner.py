@@ -129,17 +129,20 @@ class SuiteTrainer(Trainer):
                 if problem:
                     print(f"captured step: off, {problem}; the Trainer's step runs", file=sys.stderr, flush=True)
                 else:
+                    # --torch_compile: the Trainer compiled the whole model; a short run replays eager kernels
+                    compiled = device == "cuda" and not self.args.torch_compile and \
+                        finetune_step.compile_wanted(self.state.max_steps)
                     if device == "cuda":
                         finetune_step.make_capturable(self.optimizer)
                         if self.args.bf16:
                             finetune_step.uncached_autocast(self.accelerator.unwrap_model(model), "cuda", torch.bfloat16)
-                        if not self.args.torch_compile:  # --torch_compile: the Trainer compiled the whole model
+                        if compiled:
                             finetune_step.compile_encoder(self.accelerator.unwrap_model(model))
                     # a grid worker's later trial adopts the step (and graphs) of the one before when they match
                     self._forward = None  # evaluation graphs made before (eval_on_start) read the weights adopt replaces
                     self._step = finetune_step.step_for(self.accelerator, model, self.optimizer,
                                                         self.args.max_grad_norm, graph=device == "cuda",
-                                                        extra=(device, self.args.bf16, self.args.torch_compile))
+                                                        extra=(device, self.args.bf16, self.args.torch_compile, compiled))
                     # the step zeroes the gradients itself, and a graph writes into the same tensors: the Trainer's
                     # zero_grad (set_to_none) and optimizer.step (already taken) must leave them be
                     model.zero_grad = _no_op
