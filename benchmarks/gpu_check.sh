@@ -10,7 +10,7 @@
 # (recipe_speed.py); the pre-training step (pretrain_step.py: tiny and mini at 128 against an earlier bert_suite when
 # the bundle holds one, tiny's captured steps against uncaptured ones; base at 128 with the host-sync check and a
 # profile, its bf16 residual stream in a process of its own, and 512); the RTE grid subset, `bert-suite grid`
-# against a loop of stock runs (finetune_speed.py --grid); then every head against stock on the device and the
+# against a loop of stock runs (finetune_speed.py --grid); fine-tuning with the encoder compiled; then every head against stock on the device and the
 # recipe killed and resumed (tests/test_gpu.py's correctness and recipe checks). First the
 # bundle's wheels (`make gpu-bundle`) into a private folder when the machine lacks them; last the summary
 # (gpu_check_summary.py): gpu_check.json (every step's result), gpu_record.json (the figures of issues 62 and 63, to
