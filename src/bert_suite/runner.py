@@ -134,8 +134,7 @@ class SuiteTrainer(Trainer):
                         finetune_step.compile_wanted(self.state.max_steps)
                     if device == "cuda":
                         finetune_step.make_capturable(self.optimizer)
-                        if self.args.bf16:
-                            finetune_step.uncached_autocast(self.accelerator.unwrap_model(model), "cuda", torch.bfloat16)
+                        self._uncached_autocast(model)
                         if compiled:
                             finetune_step.compile_encoder(self.accelerator.unwrap_model(model))
                     # a grid worker's later trial adopts the step (and graphs) of the one before when they match
@@ -161,23 +160,25 @@ class SuiteTrainer(Trainer):
     def _captured_forward(self, model):
         """The captured evaluation forward (finetune_step.CapturedForward) where the captured step is asked for and
         the Trainer computes the model's own loss, else None: evaluation and prediction as a graph a bucket."""
-        if self._forward is False:
-            return None
-        if self._forward is not None and not self._forward_checked:  # once an evaluation: the graphs read these
-            self._forward_checked = True  # tensors, which a kept step's adoption or --bf16_full_eval replaces
+        if self._forward and not self._forward_checked:  # once an evaluation: the graphs read these tensors, which
+            # a kept step's adoption or --bf16_full_eval's model.to(bf16) replaces
             if self._forward.model is not model or self._forward.weights != finetune_step.weights_key(model):
                 self._forward = None
-        if self._forward is not None:
-            return self._forward
-        self._forward, device = False, self.args.device.type
-        if finetune_step.wanted(device) and not finetune_step.captured_step_problem(self.args, model, None, self,
-                                                                                    training=False):
-            if device == "cuda" and (self.args.bf16 or self.args.fp16):  # accelerate's autocast caches weights
-                finetune_step.uncached_autocast(self.accelerator.unwrap_model(model), "cuda",
-                                                torch.bfloat16 if self.args.bf16 else torch.float16)
-            self._forward = finetune_step.CapturedForward(model, graph=device == "cuda")
+        if self._forward is None:
+            self._forward, device = False, self.args.device.type
+            if finetune_step.wanted(device) and not finetune_step.captured_step_problem(self.args, model, None, self,
+                                                                                        training=False):
+                if device == "cuda":
+                    self._uncached_autocast(model)
+                self._forward = finetune_step.CapturedForward(model, graph=device == "cuda")
         self._forward_checked = True
         return self._forward or None
+
+    def _uncached_autocast(self, model) -> None:
+        """Mixed precision without accelerate's autocast weight cache, which a CUDA graph cannot hold."""
+        if self.args.bf16 or self.args.fp16:
+            finetune_step.uncached_autocast(self.accelerator.unwrap_model(model), "cuda",
+                                            torch.bfloat16 if self.args.bf16 else torch.float16)
 
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
         """Trainer.prediction_step's loss, logits and labels, through the captured forward where it runs (the mean
