@@ -307,7 +307,8 @@ def scriptless_python(folder: Path) -> tuple[str, dict]:
 
 def test_added_seeds_resume_the_one_seed_runs_and_the_rows_count_pre_trainings(data, tmp_path, monkeypatch):
     """At unit level (the recipe and the grids faked; end to end in make test-all): a one-seed study's run stays
-    its seed's when `seeds` is added (its stage record accepted, also one that predates the seed key), only the
+    its seed's when `seeds` is added (its stage record accepted, also one that predates the seed key or holds how
+    often the run checkpoints, which changes no weight), only the
     new seed is pre-trained, each variant's checkpoints are one a seed (a random twin a draw of its own), and
     the rows pair by pre-training seed: the contrast's SE counts pre-trainings."""
     from bert_suite import BertSuiteConfig
@@ -315,11 +316,12 @@ def test_added_seeds_resume_the_one_seed_runs_and_the_rows_count_pre_trainings(d
     from bert_suite.ablation.finetune import models_of
     from bert_suite.compare import build_result, resolve_task
 
-    launched = []
+    launched, checkpointing = [], []
 
     def launch_recipe(overrides, log, timing):
         run = Path(overrides["output_dir"])
         launched.append((run.name, overrides["seed"]))
+        checkpointing.append((run.name, overrides["seed"], overrides["save_steps"]))
         BertSuiteConfig.from_preset("tiny").save_pretrained(run / "final")
         (run / "pretrain_results.json").write_text(json.dumps({"step": 6}))
         return 1.0
@@ -330,14 +332,20 @@ def test_added_seeds_resume_the_one_seed_runs_and_the_rows_count_pre_trainings(d
     study = load_study(small_study(tmp_path, data, pretraining={"seed": 42}))
     stages.pretrain(study, out, data_of, 6, None, stages.Progress())
     assert launched == [("pre", 42)]
-    record = out / "stages" / "pretraining-pre.json"  # as a record made before runs named their seed
-    before = json.loads(record.read_text())
+    record = out / "stages" / "pretraining-pre.json"  # as a record made before runs named their seed, and when
+    before = json.loads(record.read_text())  # records held how often a run checkpoints (every 10% then)
+    assert "save_steps" not in before["settings"]["recipe"]
     del before["settings"]["recipe"]["seed"]
+    before["settings"]["recipe"]["save_steps"] = 2000
     record.write_text(json.dumps(before))
     study = load_study(small_study(tmp_path, data, pretraining={"seeds": [42, 43]}))
     assert [(r.variant, r.seed, r.name) for r in study.runs()] == [("pre", 42, "pre"), ("pre", 43, "pre.seed43")]
     stages.pretrain(study, out, data_of, 6, None, stages.Progress())
     assert launched == [("pre", 42), ("pre.seed43", 43)]  # seed 42's run stays
+    assert [save for _, _, save in checkpointing] == [1, 1]  # a run of 6 steps checkpoints at every step
+    assert launch.recipe_overrides(study, "pre", data_of["pre"], out, 20000)["save_steps"] == 500  # 2.5% of the run
+    assert stages._without({"overrides": ["seed=42", "save_steps=2000"]}, ("recipe.save_steps",)) == {  # the
+        "overrides": ["seed=42"]}  # form before fingerprints
 
     runs = {r.name: out / "pretraining" / r.name for r in study.runs()}
     models = models_of(study, runs)

@@ -33,7 +33,8 @@ def recipe_overrides(study: Study, name: str, data, output_dir: Path, steps: int
     values = {"train_data": data.instances[first], "tokenizer": data.vocab, "output_dir": output_dir, "max_steps": steps,
               "report_to": "none", "resume_from_checkpoint": "auto", "phase1_fraction": 1.0,
               "logging_steps": max(1, min(50, steps // 20)), "eval_steps": max(1, steps // 10),
-              "save_steps": max(1, steps // 10)}
+              # a checkpoint every 2.5% of the run (every 100 steps or 10% at least): a killed one loses little
+              "save_steps": max(1, steps // 40, min(100, steps // 10))}
     if second:
         values.update(train_data_phase2=data.instances[second], phase1_fraction=1 - instances.phase2_fraction)
     if study.pretraining.warmup_fraction is not None:

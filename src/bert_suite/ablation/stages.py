@@ -81,20 +81,41 @@ def _differences(recorded, wanted, prefix: str = "") -> list[tuple[str, object, 
     return [] if recorded == wanted else [(prefix, recorded, wanted)]
 
 
+def _without(record: dict, keys: tuple[str, ...]) -> dict:
+    """`record` without the dotted `keys` in its settings; a record of the earlier form (its settings alone, a
+    recipe's as KEY=VALUE strings) without those entries."""
+    record = json.loads(json.dumps(record))
+    settings = record.get("settings", record)
+    for dotted in keys:
+        *path, last = dotted.split(".")
+        inner = settings
+        for part in path:
+            inner = inner.get(part, {}) if isinstance(inner, dict) else {}
+        if isinstance(inner, dict):
+            inner.pop(last, None)
+        for value in settings.values():  # the earlier form: {"overrides": ["KEY=VALUE", ...]}
+            if isinstance(value, list):
+                value[:] = [v for v in value if not (isinstance(v, str) and v.startswith(f"{last}="))]
+    return record
+
+
 def _shown(value) -> str:
     text = "absent" if value is None else json.dumps(value) if not isinstance(value, str) else value
     return text if len(text) <= 120 else text[:117] + "..."
 
 
 def check_stage(out: Path, name: str, settings: dict, inputs: list, started: bool, legacy: dict | None = None,
-                predated: dict | None = None) -> None:
+                predated: dict | None = None, unrecorded: tuple[str, ...] = ()) -> None:
     """Record `settings` and the fingerprints of `inputs` in OUT/stages/NAME.json before the stage runs, or
     refuse when a record (or, with none, outputs: `started`) says the stage was made otherwise. `legacy`: the
     settings as records before fingerprints held them; such a record that agrees is brought up to date.
-    `predated`: {dotted key: value} settings a record may lack because it predates them, made at that value."""
+    `predated`: {dotted key: value} settings a record may lack because it predates them, made at that value.
+    `unrecorded`: dotted keys an earlier record may hold that records leave out now (they change no output)."""
     marker = out / "stages" / f"{name.replace('/', '-')}.json"
     wanted = {"settings": _plain(settings), "inputs": {str(p): fingerprint(p) for p in dict.fromkeys(map(str, inputs))}}
     recorded = json.loads(marker.read_text()) if marker.is_file() else None
+    if recorded is not None:
+        recorded = _without(recorded, unrecorded)
     if recorded is not None and "settings" not in recorded:  # the earlier form: the settings alone
         if legacy is None or recorded != _plain(legacy):
             differing = sorted(k for k in {**recorded, **(legacy or {})} if recorded.get(k) != _plain(legacy or {}).get(k))
@@ -427,9 +448,10 @@ def minutes_of(run: Path) -> float:
     return sum(t["seconds"] for t in json.loads(timing.read_text())) / 60 if timing.is_file() else 0.0
 
 
-# recipe keys that change no weight (which checkpoints are kept, where a run starts from another's own steps):
-# left out of a pre-training stage's record, so a study that gains or loses a reuse resumes its runs
-UNRECORDED = ("keep_checkpoints", "start_from_checkpoint")
+# recipe keys that change no weight (which checkpoints are written and kept, where a run starts from another's own
+# steps; a resumed run is the same run): left out of a pre-training stage's record, so a study that gains or loses a
+# reuse, or checkpoints more often, resumes its runs
+UNRECORDED = ("keep_checkpoints", "start_from_checkpoint", "save_steps")
 # the keys in which a run with a left-to-right first phase may differ from the left-to-right run it starts from
 OBJECTIVE_KEYS = ("output_dir", "snapshot_steps", "causal_attention", "use_nsp", "causal_fraction", "causal_steps",
                   *UNRECORDED)
@@ -537,7 +559,8 @@ def pretrain(study: Study, out: Path, data: dict[str, Data], steps: int, only: l
         with variant_lock(out, name):
             check_stage(out, f"pretraining/{name}", {"recipe": recorded}, [], run.is_dir() and any(run.iterdir()),
                         legacy={"overrides": [f"{k}={v}" for k, v in recorded.items()]},
-                        predated={"recipe.seed": PretrainConfig.seed})  # a one-seed study's run that named no seed
+                        predated={"recipe.seed": PretrainConfig.seed},  # a one-seed study's run that named no seed
+                unrecorded=tuple(f"recipe.{k}" for k in UNRECORDED))
             done = finished_steps(run)
             if done is not None and done != steps:
                 raise AblationError(f"{run} holds a finished run of {done:,} steps, not {steps:,}; give another "
