@@ -560,7 +560,7 @@ def pretrain(study: Study, out: Path, data: dict[str, Data], steps: int, only: l
             check_stage(out, f"pretraining/{name}", {"recipe": recorded}, [], run.is_dir() and any(run.iterdir()),
                         legacy={"overrides": [f"{k}={v}" for k, v in recorded.items()]},
                         predated={"recipe.seed": PretrainConfig.seed},  # a one-seed study's run that named no seed
-                unrecorded=tuple(f"recipe.{k}" for k in UNRECORDED))
+                        unrecorded=tuple(f"recipe.{k}" for k in UNRECORDED))
             done = finished_steps(run)
             if done is not None and done != steps:
                 raise AblationError(f"{run} holds a finished run of {done:,} steps, not {steps:,}; give another "
