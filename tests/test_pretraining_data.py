@@ -333,6 +333,31 @@ WIKI_SAMPLE = (" = Alpha = \n \n Alpha is a letter . It comes first in the 1 @,@
                " \n = = History = = \n \n Greeks used it . \n \n = Empty = \n \n = Beta = \n \n Beta is second .\n")
 
 
+def test_a_sentence_a_line_without_final_punctuation_is_lines_and_hard_wrapped_prose_stays_raw(tmp_path):
+    """Headlines and lower-cased sentences (no final . ! ?) read as raw text would run together into a few huge
+    "sentences"; lines that fill a width are wrapped prose whatever their punctuation."""
+    words = "the market rose on news of a deal while rain fell across the north and the team won again".split()
+    rng = random.Random(0)
+    lengths = [min(60, 3 + int(rng.expovariate(1 / 8))) for _ in range(200)]  # words: skewed, as sentences are
+    sentences = [" ".join(rng.choice(words) for _ in range(n)) for n in lengths]
+    headlines = [s[0].upper() + s[1:] for s in sentences]
+    prose, line = [], ""
+    for word in " ".join(sentences).split():  # the same words wrapped at 70 columns, a blank line every 8 lines
+        if len(line) + 1 + len(word) > 70:
+            prose.append(line)
+            line = word
+            if len(prose) % 9 == 8:
+                prose.append("")
+        else:
+            line = f"{line} {word}".strip()
+    for name, lines, fmt in (("headlines", headlines, "lines"), ("lowercase", sentences, "lines"),
+                             ("wrapped", prose, "raw"), ("few", headlines[:5], "raw")):
+        (tmp_path / f"{name}.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+        assert detect_format(tmp_path / f"{name}.txt") == fmt, name
+    assert list(iter_documents(str(tmp_path / "headlines.txt"))) == [headlines]  # one document, a sentence a line
+    assert max(len(s) for s in next(iter_documents(str(tmp_path / "wrapped.txt")))) > 4 * 70  # lines joined
+
+
 def test_format_detection_and_reading(tmp_path):
     samples = {"lines": LINES_SAMPLE, "raw": RAW_SAMPLE, "wikitext": WIKI_SAMPLE}
     for fmt, text in samples.items():
