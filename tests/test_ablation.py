@@ -344,8 +344,6 @@ def test_added_seeds_resume_the_one_seed_runs_and_the_rows_count_pre_trainings(d
     assert launched == [("pre", 42), ("pre.seed43", 43)]  # seed 42's run stays
     assert [save for _, _, save in checkpointing] == [1, 1]  # a run of 6 steps checkpoints at every step
     assert launch.recipe_overrides(study, "pre", data_of["pre"], out, 20000)["save_steps"] == 500  # 2.5% of the run
-    assert stages._without({"overrides": ["seed=42", "save_steps=2000"]}, ("recipe.save_steps",)) == {  # the
-        "overrides": ["seed=42"]}  # form before fingerprints
 
     runs = {r.name: out / "pretraining" / r.name for r in study.runs()}
     models = models_of(study, runs)
@@ -950,6 +948,13 @@ def test_a_study_pretrained_on_another_machine_comes_back_checked_and_is_found_p
 
     facts = pretraining_record(load_study(study), {"pre": here / "pretraining" / "pre"}, None, 6)
     assert facts["pre"]["pretrained_on"] == "cpu"  # the machine collect ran on
+    record = here / "stages" / "pretraining-pre.json"  # installed again over a record that holds save_steps,
+    written = json.loads(record.read_text())  # as installs wrote before it left the record: accepted
+    assert "save_steps" not in written["settings"]["recipe"]
+    written["settings"]["recipe"]["save_steps"] = 1
+    record.write_text(json.dumps(written))
+    again = subprocess.run([*transfer, "install", str(study), str(here), str(back)], capture_output=True, text=True)
+    assert again.returncode == 0 and "moved to" in again.stdout, again.stderr
     (tmp_path / "other").mkdir()
     other = small_study(tmp_path / "other", data, curve=None, pretraining={"checkpoints": None},
                         vocabulary={"vocab_size": 50})

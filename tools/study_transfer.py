@@ -227,7 +227,7 @@ def install(study_path: str, output_dir: Path, source: Path, names: list[str] | 
 
     from bert_suite.ablation.launch import recipe_overrides
     from bert_suite.ablation.locks import data_lock, variant_lock
-    from bert_suite.ablation.stages import Progress, build_data, check_stage, plan_steps, task_data
+    from bert_suite.ablation.stages import Progress, build_data, check_pretraining, plan_steps, task_data
 
     for archive in sorted(source.glob("*.tar*")):  # records.tar.gz and models-K.tar, unpacked beside them
         with tarfile.open(archive) as tar:
@@ -265,8 +265,7 @@ def install(study_path: str, output_dir: Path, source: Path, names: list[str] | 
                 aside.parent.mkdir(parents=True, exist_ok=True)
                 run.rename(aside)
                 print(f"{run} moved to {aside}")
-            check_stage(out, f"pretraining/{name}", {"recipe": overrides}, [], False,
-                        legacy={"overrides": [f"{k}={v}" for k, v in overrides.items()]})
+            check_pretraining(out, name, overrides, False)
             staging = run.with_name(f".{name}.installing")
             shutil.rmtree(staging, ignore_errors=True)
             for folder in [unpacked / name / "final", *sorted((unpacked / name / "snapshots").glob("step-*"))]:

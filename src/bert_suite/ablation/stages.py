@@ -82,20 +82,15 @@ def _differences(recorded, wanted, prefix: str = "") -> list[tuple[str, object, 
 
 
 def _without(record: dict, keys: tuple[str, ...]) -> dict:
-    """`record` without the dotted `keys` in its settings; a record of the earlier form (its settings alone, a
-    recipe's as KEY=VALUE strings) without those entries."""
+    """`record` (a stage record with its `settings`) without the dotted `keys` in its settings."""
     record = json.loads(json.dumps(record))
-    settings = record.get("settings", record)
     for dotted in keys:
         *path, last = dotted.split(".")
-        inner = settings
+        inner = record.get("settings")
         for part in path:
-            inner = inner.get(part, {}) if isinstance(inner, dict) else {}
+            inner = inner.get(part) if isinstance(inner, dict) else None
         if isinstance(inner, dict):
             inner.pop(last, None)
-        for value in settings.values():  # the earlier form: {"overrides": ["KEY=VALUE", ...]}
-            if isinstance(value, list):
-                value[:] = [v for v in value if not (isinstance(v, str) and v.startswith(f"{last}="))]
     return record
 
 
@@ -457,6 +452,18 @@ OBJECTIVE_KEYS = ("output_dir", "snapshot_steps", "causal_attention", "use_nsp",
                   *UNRECORDED)
 
 
+def check_pretraining(out: Path, name: str, overrides: dict, started: bool) -> None:
+    """check_stage for run `name`'s pre-training (the study's, or a run installed from another machine): its
+    recipe keys without the UNRECORDED ones, accepting a record that holds them or names no seed."""
+    from ..pretraining.config import PretrainConfig
+
+    recorded = {k: v for k, v in overrides.items() if k not in UNRECORDED}
+    check_stage(out, f"pretraining/{name}", {"recipe": recorded}, [], started,
+                legacy={"overrides": [f"{k}={v}" for k, v in recorded.items()]},
+                predated={"recipe.seed": PretrainConfig.seed},  # a one-seed study's run that named no seed
+                unrecorded=tuple(f"recipe.{k}" for k in UNRECORDED))
+
+
 def reused_starts(study: Study, steps: int) -> dict[str, tuple[str, int]]:
     """{variant: (donor, step)} for each pre-trained variant whose first `step` steps are the same computation as
     a left-to-right variant's: an objective schedule, causal first, switching at `step`, with the donor's data
@@ -523,7 +530,6 @@ def pretrain(study: Study, out: Path, data: dict[str, Data], steps: int, only: l
     is waited for, then found done; with `pass_held`, it is passed over instead (`passed_over`). Returns the runs
     passed over."""
     from ..pretraining.checkpoints import complete_checkpoints
-    from ..pretraining.config import PretrainConfig
     from .launch import launch_recipe, recipe_overrides
     from .locks import held_elsewhere, variant_lock, variant_lock_path
 
@@ -555,12 +561,8 @@ def pretrain(study: Study, out: Path, data: dict[str, Data], steps: int, only: l
         overrides = recipe_overrides(study, chosen[name].variant, data[chosen[name].variant], run, steps, seed=seed)
         if name in kept:
             overrides["keep_checkpoints"] = ",".join(map(str, sorted(kept[name])))
-        recorded = {k: v for k, v in overrides.items() if k not in UNRECORDED}
         with variant_lock(out, name):
-            check_stage(out, f"pretraining/{name}", {"recipe": recorded}, [], run.is_dir() and any(run.iterdir()),
-                        legacy={"overrides": [f"{k}={v}" for k, v in recorded.items()]},
-                        predated={"recipe.seed": PretrainConfig.seed},  # a one-seed study's run that named no seed
-                        unrecorded=tuple(f"recipe.{k}" for k in UNRECORDED))
+            check_pretraining(out, name, overrides, run.is_dir() and any(run.iterdir()))
             done = finished_steps(run)
             if done is not None and done != steps:
                 raise AblationError(f"{run} holds a finished run of {done:,} steps, not {steps:,}; give another "

@@ -114,7 +114,8 @@ def detect_format(path: str | Path) -> str:
     return "raw"
 
 
-WRAP_SAMPLE = 20  # fewer non-empty lines than this tell no width: taken as wrapped (raw, as before)
+WRAP_SAMPLE = 100  # fewer non-empty lines than this tell no width (their 99th percentile is the longest line):
+# taken as wrapped (raw, as before)
 
 
 def sentence_lines(lines: list[str]) -> bool:
