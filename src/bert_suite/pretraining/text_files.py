@@ -11,8 +11,9 @@ Corpus formats (`fmt`):
   when blank lines, if any, separate groups averaging two or more lines, and either at least 80% of
   the non-empty lines (of the first MiB) end with . ! or ? (closing quotes allowed) or the lines are
   single sentences that fill no fixed width (`sentence_lines`, `hard_wrapped`: a sentence a line
-  without final punctuation, as headlines, captions or lower-cased task sentences are); `raw` otherwise. Read as raw, such a file would run
-  its lines together into a few very long "sentences", the instances cut at max_seq_length.
+  without final punctuation, as headlines, captions or lower-cased task sentences are); `raw`
+  otherwise. Read as raw, such a file would run its lines together into a few very long
+  "sentences", the instances cut at max_seq_length.
 Files are read as UTF-8, or as Windows-1252 when they are not UTF-8 (reported in the statistics).
 """
 
