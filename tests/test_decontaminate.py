@@ -48,7 +48,8 @@ def test_planted_overlaps_are_removed_and_named_on_both_sides(tmp_path):
                      "Only clean text in this one.\nTruly nothing to see.\n")  # the last document emptied: gone
     record = json.loads((tmp_path / "clean" / "decontamination.json").read_text())
     assert list(record) == ["ngram", "documents", "documents_removed", "sentences", "sentences_removed", "inputs",
-                            "against", "matches"]
+                            "formats", "against", "matches"]
+    assert record["formats"] == {str(corpus): "lines"}  # auto, resolved for this file
     assert record["ngram"] == 8 and record["sentences_removed"] == 3
     assert record["against"][str(sst2)] == {"sentences": 2, "shorter_than_8_words": 1}
 
@@ -94,7 +95,9 @@ def test_one_sentence_documents_stay_apart_when_read_as_lines(tmp_path):
                      "--output_dir", str(tmp_path / "lines")]) == 0
     kept = (tmp_path / "lines" / "sst2-train.txt").read_text()
     assert kept.count("\n\n") == 39 and kept.startswith("a short review number 0 here\n\na short review number 1")
-    assert json.loads((tmp_path / "lines" / "decontamination.json").read_text())["documents"] == 40
+    record = json.loads((tmp_path / "lines" / "decontamination.json").read_text())
+    assert record["documents"] == 40 and record["formats"] == {str(corpus): "lines"}
+    assert json.loads((tmp_path / "auto" / "decontamination.json").read_text())["formats"] == {str(corpus): "raw"}
 
 
 def test_a_match_deep_in_a_long_document_is_named_by_the_line_where_it_starts(tmp_path):

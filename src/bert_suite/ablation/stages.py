@@ -260,6 +260,7 @@ def build_corpus(study: Study, out: Path, section: Corpus, tag: str, data_dirs: 
                 lines = [line for line in written.read_text(encoding="utf-8").splitlines() if line.strip()]
                 atomic_write_text(written, "\n".join(lines) + "\n")
     totals = dict.fromkeys(("sentences", "sentences_removed"), 0)
+    read_as: dict[str, int] = {}  # files per format they were read in (a record made before `formats`: none)
     for settings in parts:
         folder = Path(settings["output_dir"])
         if not (folder / "decontamination.json").is_file():
@@ -270,11 +271,14 @@ def build_corpus(study: Study, out: Path, section: Corpus, tag: str, data_dirs: 
         report = json.loads((folder / "decontamination.json").read_text())
         for key in totals:
             totals[key] += report[key]
+        for fmt in report.get("formats", {}).values():
+            read_as[fmt] = read_as.get(fmt, 0) + 1
     if totals["sentences"] == totals["sentences_removed"]:
         raise AblationError(f"{study.path}: corpus: empty after decontamination (all {totals['sentences']:,} sentences "
                             "share an 8-word sequence with the compared tasks' dev or test files); expected other text")
     clean = [Path(p["output_dir"]) / Path(f).name for p in parts for f in p["inputs"]]
-    progress.stage("corpus", f"{tag[1:] + ': ' if tag else ''}done ({len(clean)} files; {totals['sentences_removed']:,} of {totals['sentences']:,} "
+    formats = f" ({', '.join(f'{n} read as {fmt}' for fmt, n in sorted(read_as.items()))})" if read_as else ""
+    progress.stage("corpus", f"{tag[1:] + ': ' if tag else ''}done ({len(clean)} files{formats}; {totals['sentences_removed']:,} of {totals['sentences']:,} "
                    f"sentences removed by {NGRAM}-gram decontamination against {len(against)} evaluation files)")
     return clean, {"ngram": NGRAM, **totals}
 

@@ -183,11 +183,12 @@ class Report:
     sentences: int = 0
     sentences_removed: int = 0
     matches: list = field(default_factory=list)
+    formats: dict = field(default_factory=dict)  # input: the format it was read in (auto resolved per file)
 
     def record(self) -> dict:
         return {"ngram": self.ngram, "documents": self.documents, "documents_removed": self.documents_removed,
                 "sentences": self.sentences, "sentences_removed": self.sentences_removed, "inputs": self.inputs,
-                "against": self.against, "matches": self.matches}
+                "formats": self.formats, "against": self.against, "matches": self.matches}
 
 
 def decontaminate(inputs: list[str], against: list[str], output_dir: str, ngram: int = DEFAULT_NGRAM,
@@ -229,7 +230,10 @@ def decontaminate(inputs: list[str], against: list[str], output_dir: str, ngram:
     kept_total = 0
     for path in paths:
         kept_docs = []
-        for doc in input_documents(path, fmt):
+        # resolved once here (auto reads a sample of the file) and recorded: a study's corpus says how each file
+        # was split into sentences and documents, which a change of detection would otherwise hide
+        report.formats[str(path)] = resolve_format(path, fmt)
+        for doc in input_documents(path, report.formats[str(path)]):
             report.documents += 1
             kept = []
             for line, sentence in doc:
