@@ -13,6 +13,7 @@ import inspect
 import json
 import shutil
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -260,7 +261,7 @@ def build_corpus(study: Study, out: Path, section: Corpus, tag: str, data_dirs: 
                 lines = [line for line in written.read_text(encoding="utf-8").splitlines() if line.strip()]
                 atomic_write_text(written, "\n".join(lines) + "\n")
     totals = dict.fromkeys(("sentences", "sentences_removed"), 0)
-    read_as: dict[str, int] = {}  # files per format they were read in (a record made before `formats`: none)
+    read_as: Counter = Counter()  # files per format they were read in (a record made before `formats`: none)
     for settings in parts:
         folder = Path(settings["output_dir"])
         if not (folder / "decontamination.json").is_file():
@@ -271,8 +272,7 @@ def build_corpus(study: Study, out: Path, section: Corpus, tag: str, data_dirs: 
         report = json.loads((folder / "decontamination.json").read_text())
         for key in totals:
             totals[key] += report[key]
-        for fmt in report.get("formats", {}).values():
-            read_as[fmt] = read_as.get(fmt, 0) + 1
+        read_as.update(report.get("formats", {}).values())
     if totals["sentences"] == totals["sentences_removed"]:
         raise AblationError(f"{study.path}: corpus: empty after decontamination (all {totals['sentences']:,} sentences "
                             "share an 8-word sequence with the compared tasks' dev or test files); expected other text")

@@ -232,8 +232,8 @@ def decontaminate(inputs: list[str], against: list[str], output_dir: str, ngram:
         kept_docs = []
         # resolved once here (auto reads a sample of the file) and recorded: a study's corpus says how each file
         # was split into sentences and documents, which a change of detection would otherwise hide
-        report.formats[str(path)] = resolve_format(path, fmt)
-        for doc in input_documents(path, report.formats[str(path)]):
+        report.formats[str(path)] = read_as = resolve_format(path, fmt)
+        for doc in input_documents(path, read_as):
             report.documents += 1
             kept = []
             for line, sentence in doc:
