@@ -436,13 +436,13 @@ def test_two_runs_of_a_variant_at_once_train_it_once_and_a_changed_setting_or_in
     both = [subprocess.Popen([str(Path(sys.executable).parent / "bert-suite"), "ablation", str(study), "--output_dir",
                               str(out), "--variant", "pre"], env={**os.environ, "HF_HUB_OFFLINE": "1"},
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
-    outputs, errors = zip(*(p.communicate(timeout=600) for p in both))
+    outputs, errors = zip(*(p.communicate(timeout=600) for p in both), strict=True)
     assert [p.returncode for p in both] == [0, 0], errors
     assert any("[ablation] waiting for the " in e and ": held by process " in e for e in errors), errors
     # the corpus line says how its files were read (the RTE texts as lines: one document an example)
     read = re.search(r"corpus: done \(3 files \(([^()]*)\);", "".join(outputs))
     assert read and "read as lines" in read.group(1), outputs
-    assert sum(int(n) for n in re.findall(r"(\d+) read as (?:lines|raw)", read.group(1))) == 3, read.group(1)
+    assert sum(int(n) for n in re.findall(r"(\d+) read as (?:lines|paragraphs|raw|wikitext)", read.group(1))) == 3, read.group(1)
     assert len(json.loads((out / "pretraining" / "pre" / "timing.json").read_text())) == 1  # one launch
     assert (out / "logs" / "pretraining-pre.log").read_text().count("$ ") == 1
     assert (out / "pretraining" / "pre" / "final" / "config.json").is_file() and not (out / "compare").exists()

@@ -64,7 +64,8 @@ def test_a_sentence_sharing_n_minus_1_words_stays(tmp_path):
 def test_words_are_compared_after_bert_normalisation(tmp_path):
     corpus = write(tmp_path / "c.txt", "Great Film, Really! I Loved Every Minute.\nOther words entirely here.\n")
     against = write(tmp_path / "eval.txt", "great film , really ! i loved every minute .\n")
-    report = decontaminate([str(corpus)], [str(against)], str(tmp_path / "o"), ngram=5)
+    # a sentence a line (auto would take its two-sentence first line for a paragraph and split it)
+    report = decontaminate([str(corpus)], [str(against)], str(tmp_path / "o"), ngram=5, fmt="lines")
     assert report.sentences_removed == 1 and report.matches[0]["ngram"] == "great film , really !"
 
 
@@ -116,3 +117,22 @@ def test_a_match_deep_in_a_long_document_is_named_by_the_line_where_it_starts(tm
     report = decontaminate([str(corpus)], [str(against)], str(tmp_path / "clean"), ngram=8)
     assert report.sentences_removed == 1 and report.documents == 1
     assert report.matches[0]["input"] == f"{corpus}:{len(before) + 2}"
+
+
+def test_a_paragraph_a_line_loses_only_its_contaminated_sentence(tmp_path):
+    """Read as lines, a paragraph was one "sentence", so one shared 8-gram dropped the whole paragraph; read as
+    paragraphs (auto-detected), only the sentence that shares it goes, named by its line."""
+    corpus = write(tmp_path / "address.txt",
+                   "We met here today. The quick brown fox jumps over the lazy dog near the mill. We went home.\n"
+                   "Then the rain came. It fell all night long.\n\n"
+                   "A second speech began. It was short.\nIt ended well. Everyone left.\n")
+    against = write(tmp_path / "eval.txt", "the lazy dog near the old mill by the river\n"
+                                           "quick brown fox jumps over the lazy dog near\n")
+    report = decontaminate([str(corpus)], [str(against)], str(tmp_path / "clean"), ngram=8)
+    assert report.formats == {str(corpus): "paragraphs"} and report.sentences == 9 and report.sentences_removed == 1
+    assert report.matches[0]["input"] == f"{corpus}:1"
+    assert (tmp_path / "clean" / "address.txt").read_text() == (
+        "We met here today.\nWe went home.\nThen the rain came.\nIt fell all night long.\n\n"
+        "A second speech began.\nIt was short.\nIt ended well.\nEveryone left.\n")
+    lines = decontaminate([str(corpus)], [str(against)], str(tmp_path / "lines"), ngram=8, fmt="lines")
+    assert lines.sentences == 4 and lines.sentences_removed == 1  # the old reading: the whole first paragraph

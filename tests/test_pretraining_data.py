@@ -24,7 +24,7 @@ from bert_suite.pretraining.instances import (
     load_parts,
     truncated_lengths,
 )
-from bert_suite.pretraining.text_files import detect_format, iter_documents, split_sentences
+from bert_suite.pretraining.text_files import FORMATS, detect_format, iter_documents, split_sentences
 from bert_suite.pretraining.tokenizer import train_tokenizer
 from bert_suite.tokenization import SPECIAL_TOKENS, load_pretraining_tokenizer
 from helpers import load_recipe
@@ -375,6 +375,41 @@ def test_format_detection_and_reading(tmp_path):
     assert wiki == [["Alpha is a letter .", "It comes first in the 1,000-year alphabet .", "Greeks used it ."],
                     ["Beta is second ."]]
     assert counts == {"skipped_empty_documents": 1}  # the article "Empty" has no text
+
+
+PARAGRAPHS_SAMPLE = ("The cat sat on the mat. It was happy there. Then it slept.\nThe dog came in. It barked twice!\n\n"
+                     "A new story begins here. It is short.\nIt ends well. The end.\n")
+
+
+def test_a_paragraph_a_line_is_split_into_sentences_and_keeps_its_documents(tmp_path):
+    """A paragraph a line with blank lines between documents (Wikipedia extracts, the NLTK sample's State of the
+    Union addresses): read as lines, each paragraph was one "sentence", cut at max_seq_length; read as raw, the
+    file would be one document. `paragraphs` splits each line and keeps the blank-line documents."""
+    path = tmp_path / "paragraphs.txt"
+    path.write_text(PARAGRAPHS_SAMPLE, encoding="utf-8")
+    assert detect_format(path) == "paragraphs"
+    documents = [["The cat sat on the mat.", "It was happy there.", "Then it slept.", "The dog came in.",
+                  "It barked twice!"], ["A new story begins here.", "It is short.", "It ends well.", "The end."]]
+    assert list(iter_documents(str(path))) == list(iter_documents(str(path), "paragraphs")) == documents
+    assert [len(d) for d in iter_documents(str(path), "lines")] == [2, 2]  # the old reading: a paragraph a sentence
+    # a sentence a line with a few lines of two (under 10%) stays lines: its lines are not split
+    mostly = [f"Sentence number {i} is here." for i in range(30)] + ['"Go!" He ran.']
+    (tmp_path / "mostly.txt").write_text("\n".join(mostly) + "\n", encoding="utf-8")
+    assert detect_format(tmp_path / "mostly.txt") == "lines"
+    assert list(iter_documents(str(tmp_path / "mostly.txt")))[0][-1] == '"Go!" He ran.'
+    # the instance builder plans its shards by the same documents (byte spans) and reads the same sentences
+    tokenizer = train_tokenizer([str(path)], vocab_size=120, lowercase=True, output_dir=str(tmp_path / "tok"),
+                                min_frequency=1)
+    for fmt in ("auto", "paragraphs"):
+        stats = build_pretraining_dataset([str(path)], tokenizer, str(tmp_path / fmt), max_seq_length=16, fmt=fmt)
+        assert stats["formats"] == {str(path): "paragraphs"}
+        assert stats["documents"] == 2 and stats["sentences"] == 9, stats
+    # both commands take it, and every format the readers know
+    parser = bert_suite_cli.build_parser()
+    for command in ("pretrain-data", "decontaminate"):
+        action = next(a for a in parser._subparsers._group_actions[0].choices[command]._actions
+                      if "--format" in a.option_strings)
+        assert list(action.choices) == list(FORMATS), command
 
 
 def test_sentence_splitter_keeps_abbreviations_and_initials():

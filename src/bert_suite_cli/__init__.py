@@ -335,7 +335,7 @@ def build_parser() -> argparse.ArgumentParser:
     decon.add_argument("--ngram", type=int, default=8,
                        help="N: words a sentence must share in a row to be removed, after lowercasing and "
                        "splitting punctuation (default 8; 13-grams miss short sentences such as SST-2's)")
-    decon.add_argument("--format", default="auto", choices=["auto", "lines", "raw", "wikitext"],
+    decon.add_argument("--format", default="auto", choices=["auto", "lines", "paragraphs", "raw", "wikitext"],
                        help="the --input files' layout, as pretrain-data's (auto detects it per file; give lines for "
                        "files of one-sentence documents, such as `corpus --from_task` writes for single-sentence "
                        "tasks, which auto takes for raw text)")
@@ -344,7 +344,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     data = sub.add_parser("pretrain-data", help="documents -> NSP instances (a datasets folder for the recipe)")
     data.add_argument("--input", nargs="+", required=True,
-                      help="text files: one sentence per line and a blank line between documents, or raw text")
+                      help="text files: one sentence (or one paragraph) per line and a blank line between "
+                      "documents, raw text, or WikiText (see --format)")
     data.add_argument("--tokenizer", required=True, help="tokenizer folder or vocab.txt")
     data.add_argument("--output_dir", required=True)
     data.add_argument("--max_seq_length", type=int, default=128)
@@ -362,8 +363,9 @@ def build_parser() -> argparse.ArgumentParser:
                       "single-sentence examples) give a NotNext share near 0.5 (default: the reference algorithm)")
     data.add_argument("--seed", type=int, default=12345)
     data.add_argument("--num_proc", type=int, help="worker processes (default: 1)")
-    data.add_argument("--format", default="auto", choices=["auto", "lines", "raw", "wikitext"],
-                      help="input layout (auto detects)")
+    data.add_argument("--format", default="auto", choices=["auto", "lines", "paragraphs", "raw", "wikitext"],
+                      help="input layout: lines (a sentence a line), paragraphs (a paragraph a line, split into "
+                      "sentences), raw (a file one document), wikitext; auto detects it per file (default)")
     data.add_argument("--num_shards", type=int, metavar="N",
                       help="build the instances in N parts, each a dataset folder OUTPUT_DIR/part-IIIII-of-NNNNN "
                       "(a run of whole internal shards); in order they are the rows of the one-folder build, and "

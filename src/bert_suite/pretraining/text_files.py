@@ -7,13 +7,18 @@ Corpus formats (`fmt`):
 - `wikitext`: WikiText raw: a ` = Title = ` line starts a document, ` = = Section = = ` headings
   are dropped, each other line is a paragraph split into sentences; the `@-@`, `@,@`, `@.@`
   joiners are undone.
+- `paragraphs`: a paragraph a line, a blank line between documents (as many Wikipedia extracts and
+  the NLTK sample's State of the Union addresses are): each line is split into sentences.
 - `auto` (per file): `wikitext` when the first non-empty line is a ` = Title = ` line; `lines`
-  when blank lines, if any, separate groups averaging two or more lines, and either at least 80% of
-  the non-empty lines (of the first MiB) end with . ! or ? (closing quotes allowed) or the lines are
-  single sentences that fill no fixed width (`sentence_lines`, `hard_wrapped`: a sentence a line
-  without final punctuation, as headlines, captions or lower-cased task sentences are); `raw`
-  otherwise. Read as raw, such a file would run its lines together into a few very long
-  "sentences", the instances cut at max_seq_length.
+  when blank lines, if any, separate groups averaging two or more lines, and the lines are single
+  sentences (`sentence_lines`: fewer than 10% hold a sentence boundary) of which either at least 80%
+  (of the first MiB) end with . ! or ? (closing quotes allowed) or which fill no fixed width
+  (`hard_wrapped`: a sentence a line without final punctuation, as headlines, captions or lower-cased
+  task sentences are); `paragraphs` when such groups' lines end with . ! or ? (80%) but hold several
+  sentences; `raw` otherwise. Read as raw, a sentence-a-line file would run its lines together into a
+  few very long "sentences"; read as lines, a paragraph-a-line file would make each paragraph one
+  "sentence": either way the instances are cut at max_seq_length, and decontamination drops whole
+  paragraphs for one shared N-gram.
 Files are read as UTF-8, or as Windows-1252 when they are not UTF-8 (reported in the statistics).
 """
 
@@ -24,7 +29,7 @@ import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-FORMATS = ("auto", "lines", "raw", "wikitext")
+FORMATS = ("auto", "lines", "paragraphs", "raw", "wikitext")
 
 
 def check_input_files(files: list[str]) -> list[Path]:
@@ -110,9 +115,11 @@ def detect_format(path: str | Path) -> str:
         return "wikitext"
     final = sum(line.rstrip(_CLOSERS).endswith((".", "!", "?")) for line in nonempty) / len(nonempty)
     groups = sum(1 for i, line in enumerate(lines) if line and (i == 0 or not lines[i - 1]))
-    if len(nonempty) / groups >= 2 and (final >= 0.8 or (not hard_wrapped(nonempty) and sentence_lines(nonempty))):
-        return "lines"
-    return "raw"
+    if len(nonempty) / groups < 2:
+        return "raw"
+    if sentence_lines(nonempty):
+        return "lines" if final >= 0.8 or not hard_wrapped(nonempty) else "raw"
+    return "paragraphs" if final >= 0.8 else "raw"
 
 
 WRAP_SAMPLE = 100  # fewer non-empty lines than this tell no width (their 99th percentile is the longest line):
@@ -121,7 +128,7 @@ WRAP_SAMPLE = 100  # fewer non-empty lines than this tell no width (their 99th p
 
 def sentence_lines(lines: list[str]) -> bool:
     """Whether the lines are single sentences: fewer than 10% hold a sentence boundary (a file of a paragraph a
-    line, as most State of the Union addresses in the NLTK sample are, is raw text)."""
+    line, as most State of the Union addresses in the NLTK sample are, is `paragraphs` or raw text)."""
     return sum(len(split_sentences(line)) > 1 for line in lines) < 0.1 * len(lines)
 
 
@@ -139,12 +146,12 @@ def hard_wrapped(lines: list[str]) -> bool:
 def _documents_from_lines(lines: Iterable[str], fmt: str) -> Iterator[list[str]]:
     """Documents (lists of sentences) of one file's lines in a resolved format; an empty list is an
     empty document (a WikiText title without text, a blank raw file) for the caller to count."""
-    if fmt == "lines":
+    if fmt in ("lines", "paragraphs"):
         doc: list[str] = []
         for line in lines:
             line = line.strip()
             if line:
-                doc.append(line)
+                doc.extend(split_sentences(line) if fmt == "paragraphs" else [line])
             elif doc:
                 yield doc
                 doc = []
@@ -193,7 +200,7 @@ def document_spans(path: Path, fmt: str) -> Iterator[tuple[int, int, bool]]:
         start, has_text = None, False
         for line in f:
             stripped = line.strip()
-            if fmt == "lines":
+            if fmt in ("lines", "paragraphs"):
                 if stripped and start is None:
                     start = offset
                 elif not stripped and start is not None:
@@ -209,7 +216,7 @@ def document_spans(path: Path, fmt: str) -> Iterator[tuple[int, int, bool]]:
                 has_text = True
             offset += len(line)
         if start is not None:
-            yield start, offset, (fmt == "lines" or has_text)
+            yield start, offset, (fmt in ("lines", "paragraphs") or has_text)
 
 
 def file_encoding(path: str | Path) -> str:
