@@ -64,8 +64,7 @@ def test_a_sentence_sharing_n_minus_1_words_stays(tmp_path):
 def test_words_are_compared_after_bert_normalisation(tmp_path):
     corpus = write(tmp_path / "c.txt", "Great Film, Really! I Loved Every Minute.\nOther words entirely here.\n")
     against = write(tmp_path / "eval.txt", "great film , really ! i loved every minute .\n")
-    # a sentence a line (auto would take its two-sentence first line for a paragraph and split it)
-    report = decontaminate([str(corpus)], [str(against)], str(tmp_path / "o"), ngram=5, fmt="lines")
+    report = decontaminate([str(corpus)], [str(against)], str(tmp_path / "o"), ngram=5)
     assert report.sentences_removed == 1 and report.matches[0]["ngram"] == "great film , really !"
 
 

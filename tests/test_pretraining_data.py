@@ -397,6 +397,11 @@ def test_a_paragraph_a_line_is_split_into_sentences_and_keeps_its_documents(tmp_
     (tmp_path / "mostly.txt").write_text("\n".join(mostly) + "\n", encoding="utf-8")
     assert detect_format(tmp_path / "mostly.txt") == "lines"
     assert list(iter_documents(str(tmp_path / "mostly.txt")))[0][-1] == '"Go!" He ran.'
+    # and so does a short one: fewer than 3 lines of several sentences (here 1 of 4) do not make paragraphs
+    (tmp_path / "short.txt").write_text("\n".join(mostly[:3] + ['"Go!" He ran.']) + "\n", encoding="utf-8")
+    assert detect_format(tmp_path / "short.txt") == "lines"
+    (tmp_path / "three.txt").write_text("\n".join(['"Go!" He ran.'] * 3 + mostly[:27]) + "\n", encoding="utf-8")
+    assert detect_format(tmp_path / "three.txt") == "paragraphs"  # 3 of 30: 10%, and 3
     # the instance builder plans its shards by the same documents (byte spans) and reads the same sentences
     tokenizer = train_tokenizer([str(path)], vocab_size=120, lowercase=True, output_dir=str(tmp_path / "tok"),
                                 min_frequency=1)

@@ -72,8 +72,8 @@ def plan_shards(paths: list[Path], fmt: str = "auto", docs_per_shard: int = 2000
             shards[-1].extend(pieces)
     if total_docs < 2:
         raise ValueError(f"{', '.join(str(p) for p in paths)}: {total_docs} document(s) with text; next-sentence "
-                         "prediction needs at least two (check the format: 'lines' separates documents by blank "
-                         "lines, 'raw' makes each file one document)")
+                         "prediction needs at least two (check the format: 'lines' and 'paragraphs' separate "
+                         "documents by blank lines, 'raw' makes each file one document)")
     return shards, files, total_docs
 
 

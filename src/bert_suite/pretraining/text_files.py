@@ -7,15 +7,17 @@ Corpus formats (`fmt`):
 - `wikitext`: WikiText raw: a ` = Title = ` line starts a document, ` = = Section = = ` headings
   are dropped, each other line is a paragraph split into sentences; the `@-@`, `@,@`, `@.@`
   joiners are undone.
-- `paragraphs`: a paragraph a line, a blank line between documents (as many Wikipedia extracts and
-  the NLTK sample's State of the Union addresses are): each line is split into sentences.
+- `paragraphs`: a paragraph a line, a blank line between documents (as the NLTK sample's State of
+  the Union addresses are): each line is split into sentences.
 - `auto` (per file): `wikitext` when the first non-empty line is a ` = Title = ` line; `lines`
   when blank lines, if any, separate groups averaging two or more lines, and the lines are single
-  sentences (`sentence_lines`: fewer than 10% hold a sentence boundary) of which either at least 80%
+  sentences (`sentence_lines`: fewer than 10% of them, or fewer than 3, hold a sentence boundary) of
+  which either at least 80%
   (of the first MiB) end with . ! or ? (closing quotes allowed) or which fill no fixed width
   (`hard_wrapped`: a sentence a line without final punctuation, as headlines, captions or lower-cased
-  task sentences are); `paragraphs` when such groups' lines end with . ! or ? (80%) but hold several
-  sentences; `raw` otherwise. Read as raw, a sentence-a-line file would run its lines together into a
+  task sentences are); `paragraphs` when such groups' lines end with . ! or ? (80%) but are not single
+  sentences (10% of them, and 3 or more, hold a boundary); `raw` otherwise (a file of paragraphs whose
+  title lines bring the share ending with . ! or ? under 80% included: the whole file one document). Read as raw, a sentence-a-line file would run its lines together into a
   few very long "sentences"; read as lines, a paragraph-a-line file would make each paragraph one
   "sentence": either way the instances are cut at max_seq_length, and decontamination drops whole
   paragraphs for one shared N-gram.
@@ -104,7 +106,7 @@ def _is_heading(stripped) -> bool:
 
 
 def detect_format(path: str | Path) -> str:
-    """`wikitext`, `lines` or `raw` for a file, by the rules in this module's docstring."""
+    """`wikitext`, `lines`, `paragraphs` or `raw` for a file, by the rules in this module's docstring."""
     with open(path, "rb") as f:
         sample = f.read(1 << 20).decode("utf-8-sig", errors="replace")
     lines = [line.strip() for line in sample.split("\n")[:20000]]
@@ -122,14 +124,17 @@ def detect_format(path: str | Path) -> str:
     return "paragraphs" if final >= 0.8 else "raw"
 
 
+MULTI_SENTENCE_LINES = 3  # lines of several sentences that make a file paragraphs (with 10% of its lines)
 WRAP_SAMPLE = 100  # fewer non-empty lines than this tell no width (their 99th percentile is the longest line):
 # taken as wrapped (raw, as before)
 
 
 def sentence_lines(lines: list[str]) -> bool:
-    """Whether the lines are single sentences: fewer than 10% hold a sentence boundary (a file of a paragraph a
-    line, as most State of the Union addresses in the NLTK sample are, is `paragraphs` or raw text)."""
-    return sum(len(split_sentences(line)) > 1 for line in lines) < 0.1 * len(lines)
+    """Whether the lines are single sentences: fewer than 10% of them, or fewer than MULTI_SENTENCE_LINES, hold a
+    sentence boundary (a file of a paragraph a line, as most State of the Union addresses in the NLTK sample are,
+    is `paragraphs` or raw text; a short file with one line of two sentences stays a sentence a line)."""
+    several = sum(len(split_sentences(line)) > 1 for line in lines)
+    return several < 0.1 * len(lines) or several < MULTI_SENTENCE_LINES
 
 
 def hard_wrapped(lines: list[str]) -> bool:
