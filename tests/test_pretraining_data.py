@@ -446,6 +446,22 @@ def test_documents_without_tokens_are_skipped_counted_and_reported(tmp_path):
                                       docs_per_shard=2, num_proc=num_proc)
 
 
+def test_a_line_of_unicode_white_space_separates_documents_for_the_shard_planner_as_for_the_reader(tmp_path):
+    """The shard planner finds documents in bytes, the reader in text: a line holding only a no-break space is
+    blank to str.strip, not to bytes.strip. The planner counted one document where the reader found two, and
+    refused a two-document file ("1 document(s) with text")."""
+    text = "The first story starts.\nIt goes on.\n\u00a0\nThe second story.\nIt ends.\n"
+    for encoding in ("utf-8", "cp1252"):
+        path = tmp_path / f"{encoding}.txt"
+        path.write_bytes(text.encode(encoding))
+        assert len(list(iter_documents(str(path), "lines"))) == 2
+        tokenizer = train_tokenizer([str(path)], vocab_size=60, lowercase=True, output_dir=str(tmp_path / f"tok-{encoding}"),
+                                    min_frequency=1)
+        stats = build_pretraining_dataset([str(path)], tokenizer, str(tmp_path / encoding), max_seq_length=16,
+                                          fmt="lines")
+        assert stats["documents"] == 2 and stats["sentences"] == 4, (encoding, stats)
+
+
 def test_windows_1252_text_is_decoded_and_reported(tmp_path):
     # Older Project Gutenberg books are Latin-1/Windows-1252, not UTF-8.
     old = tmp_path / "old.txt"

@@ -53,7 +53,7 @@ def plan_shards(paths: list[Path], fmt: str = "auto", docs_per_shard: int = 2000
         fmt_here, encoding = resolve_format(path, fmt), file_encoding(path)
         files[str(path)] = {"format": fmt_here, "encoding": encoding}
         piece_start = piece_end = None
-        for start, end, has_text in document_spans(path, fmt_here):
+        for start, end, has_text in document_spans(path, fmt_here, encoding):
             piece_start = start if piece_start is None else piece_start
             piece_end = end
             shard_docs += has_text

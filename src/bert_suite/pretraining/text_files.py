@@ -192,30 +192,41 @@ def _documents_from_lines(lines: Iterable[str], fmt: str) -> Iterator[list[str]]
         raise ValueError(f"unknown corpus format {fmt!r}; expected one of {', '.join(FORMATS)}")
 
 
-def document_spans(path: Path, fmt: str) -> Iterator[tuple[int, int, bool]]:
-    """(start byte, end byte, has text) of each document of a file, found without decoding or
-    splitting sentences, so that shards can be planned cheaply and re-read by workers."""
+_VISIBLE = re.compile(rb"[!-~]")  # a printable ASCII character: a line holding one has text in either encoding
+
+
+def _blank(stripped: bytes, encoding: str) -> bool:
+    """Whether a line (its bytes stripped of ASCII white space) is blank as the text readers see it: str.strip
+    also removes Unicode white space, such as a no-break space, which bytes.strip keeps."""
+    return not stripped or (not _VISIBLE.search(stripped) and not stripped.decode(encoding, "replace").strip())
+
+
+def document_spans(path: Path, fmt: str, encoding: str = "utf-8") -> Iterator[tuple[int, int, bool]]:
+    """(start byte, end byte, has text) of each document of a file, found without splitting sentences (and
+    without decoding, but for lines with no printable ASCII character), so that shards can be planned cheaply
+    and re-read by workers: the same documents as the text readers find."""
     with open(path, "rb") as f:
         offset = 3 if f.read(3) == _BOM else 0
         f.seek(offset)
         if fmt == "raw":
-            has_text = any(line.strip() for line in f)  # stops at the first line with text
+            has_text = any(not _blank(line.strip(), encoding) for line in f)  # stops at the first line with text
             yield offset, path.stat().st_size, has_text
             return
         start, has_text = None, False
         for line in f:
             stripped = line.strip()
+            blank = not stripped or (not 0x20 < stripped[0] < 0x7f and _blank(stripped, encoding))  # most: printable
             if fmt in ("lines", "paragraphs"):
-                if stripped and start is None:
+                if not blank and start is None:
                     start = offset
-                elif not stripped and start is not None:
+                elif blank and start is not None:
                     yield start, offset, True
                     start = None
             elif _TITLE_BYTES.fullmatch(stripped):
                 if start is not None:
                     yield start, offset, has_text
                 start, has_text = offset, False
-            elif stripped and not _is_heading(stripped):
+            elif not blank and not _is_heading(stripped):
                 if start is None:  # text before the first title is a document of its own
                     start = offset
                 has_text = True
