@@ -891,6 +891,51 @@ def test_a_run_that_does_not_wait_passes_over_a_variant_held_elsewhere_and_one_s
         assert launched == [("bi", checkpoint)]
 
 
+def test_the_time_left_counts_each_variants_pace_and_the_steps_a_resumed_run_has_done(data, tmp_path, monkeypatch):
+    """The pre-training line's estimate: every run's steps still to train (a resumed run's from its last
+    checkpoint) at its variant's seconds a step, from the finished runs' timing.json until this process has timed
+    one of its own (it said "estimated after the first one", and counted a resumed run's done steps again)."""
+    from bert_suite.ablation import launch, stages
+
+    study, out = load_study(small_study(tmp_path, data, pretraining={"seeds": [42, 43, 44]})), tmp_path / "out"
+    monkeypatch.setattr(launch, "recipe_overrides", lambda study, name, data, run, steps, **_: {
+        "output_dir": str(run), "max_steps": steps, "train_data": "-", "tokenizer": "-"})
+
+    def launch_recipe(overrides, log, timing):
+        run = Path(overrides["output_dir"])
+        if run.name == "pre":  # 6 steps in 6,000 s
+            (run / "final").mkdir(parents=True)
+            (run / "final" / "config.json").write_text("{}")
+            (run / "pretrain_results.json").write_text(json.dumps({"step": 6}))
+            seconds = 6000.0
+        elif not (run / "checkpoints").exists():  # seed 43, stopped after its checkpoint at step 3
+            (run / "checkpoints" / "step-3").mkdir(parents=True)
+            (run / "checkpoints" / "step-3" / "progress.json").write_text("{}")
+            seconds = 3000.0
+        else:  # resumed: 3 steps in 1,500 s
+            seconds = 1500.0
+        timing.write_text(json.dumps([{"seconds": seconds}]))
+        return seconds
+
+    monkeypatch.setattr(launch, "launch_recipe", launch_recipe)
+    lines = []
+
+    class Lines(stages.Progress):
+        def stage(self, name, text):
+            lines.append(text)
+
+    stages.pretrain(study, out, {"pre": None}, 6, None, Lines(), seeds=[42, 43])
+    lines.clear()
+    stages.pretrain(study, out, {"pre": None}, 6, None, Lines())  # a new process: seed 42's pace from its timing
+    starts = [line for line in lines if " to go; " in line]
+    # seed 43 from step 3 and seed 44: (3 + 6) steps at 1,000 s; then seed 44 at this process's 500 s a step
+    assert starts == ["pre.seed43 (2 of 3: pre.seed43, pre.seed44 to go; 6 steps each, this one from step 3); "
+                      "about 2h30m left", "pre.seed44 (3 of 3: pre.seed44 to go; 6 steps each); about 50 min left"]
+    assert stages.seconds_left([("ltr", 10), ("mlm", 10)], {"ltr": 2.0}) == 40  # mlm not timed: the mean pace
+    assert stages.seconds_left([("ltr", 10), ("mlm", 10)], {"ltr": 3.0, "mlm": 1.0}) == 40
+    assert stages.seconds_left([("ltr", 10)], {}) is None
+
+
 def test_a_variant_run_trains_its_free_runs_first_and_a_biphasic_run_waits_for_its_donors_checkpoint(
         data, tmp_path, monkeypatch):
     """`--variant bi other` while another process trains ltr (bi's donor): other first, then bi waits for ltr's

@@ -12,6 +12,7 @@ import hashlib
 import inspect
 import json
 import shutil
+import statistics
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass
@@ -435,6 +436,35 @@ def reused_start(name: str, donor: str, step: int, runs: dict[str, Path], overri
     return checkpoint
 
 
+def measured_pace(runs: dict, paths: dict[str, Path], starts: dict[str, tuple[str, int]]) -> dict[str, float]:
+    """{variant: seconds per step} of the finished runs (`runs`: {name: Study run}), from their timing.json (every
+    launch's wall time, over the steps the run trained itself): the mean over a variant's finished runs."""
+    seen: dict[str, list[float]] = {}
+    for name, run in runs.items():
+        done, timing = finished_steps(paths[name]), paths[name] / "timing.json"
+        trained = (done or 0) - starts.get(name, ("", 0))[1]
+        if done is not None and trained > 0 and timing.is_file():
+            seen.setdefault(run.variant, []).append(minutes_of(paths[name]) * 60 / trained)
+    return {variant: statistics.fmean(values) for variant, values in seen.items() if values}
+
+
+def resume_step(run: Path, start: int) -> int:
+    """The step an unfinished run goes on from: its last complete checkpoint's, else `start` (a donor's step)."""
+    from ..pretraining.checkpoints import complete_checkpoints
+
+    found = complete_checkpoints(run / "checkpoints")
+    return max(int(found[-1].name.split("-")[1]), start) if found else start
+
+
+def seconds_left(runs: list[tuple[str, int]], pace: dict[str, float]) -> float | None:
+    """The seconds `runs` ([(variant, steps left)]) still need, each at its variant's pace (seconds per step), a
+    variant not measured yet at the mean pace of those that are; None before any is."""
+    if not pace:
+        return None
+    mean = statistics.fmean(pace.values())
+    return sum(left * pace.get(variant, mean) for variant, left in runs)
+
+
 def finished_steps(run: Path) -> int | None:
     results = run / "pretrain_results.json"
     if results.is_file() and (run / "final" / "config.json").is_file():
@@ -547,7 +577,7 @@ def pretrain(study: Study, out: Path, data: dict[str, Data], steps: int, only: l
     kept: dict[str, list[int]] = {}
     for donor, step in starts.values():
         kept.setdefault(donor, []).append(step)
-    pace = []  # seconds per step of the runs finished in this process
+    pace = measured_pace(every, paths, starts)  # seconds per step by variant; this process's runs replace them
     for number in range(len(todo)):
         # the next run in order that waits for nobody: a run whose donor another process trains, its checkpoint at
         # the switch not written yet, would train those steps again, and one another process trains is held
@@ -572,16 +602,19 @@ def pretrain(study: Study, out: Path, data: dict[str, Data], steps: int, only: l
                 raise AblationError(f"{run} holds a finished run of {done:,} steps, not {steps:,}; give another "
                                     "--output_dir")
             if done is None:
-                remaining = (len(todo) - number) * steps
-                progress.stage("pretraining", f"{name} ({number + 1} of {len(todo)}: {', '.join(todo[number:])} to go; "
-                               f"{steps:,} steps each); " + progress.left(pace[-1] * remaining if pace else None))
                 found = complete_checkpoints(run / "checkpoints")
                 first = int(found[-1].name.split("-")[1]) if found else 0  # where the recipe resumes
                 if name in starts and not found:  # (again, if it was stopped before its own first checkpoint)
                     start = reused_start(name, *starts[name], paths, overrides, progress)
                     if start is not None:
                         overrides["start_from_checkpoint"], first = start, starts[name][1]
+                left = [(chosen[name].variant, steps - first)] + [
+                    (chosen[n].variant, 0 if finished_steps(paths[n]) is not None else
+                     steps - resume_step(paths[n], starts.get(n, ("", 0))[1])) for n in todo[number + 1:]]
+                progress.stage("pretraining", f"{name} ({number + 1} of {len(todo)}: {', '.join(todo[number:])} to go; "
+                               f"{steps:,} steps each{f', this one from step {first:,}' if first else ''}); "
+                               + progress.left(seconds_left(left, pace)))
                 seconds = launch_recipe(overrides, out / "logs" / f"pretraining-{name}.log", run / "timing.json")
-                pace.append(seconds / max(steps - first, 1))
+                pace[chosen[name].variant] = seconds / max(steps - first, 1)
         progress.stage("pretraining", f"{name} done ({steps:,} steps, {minutes_of(run):.1f} minutes)")
     return held
