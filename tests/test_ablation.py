@@ -928,12 +928,29 @@ def test_the_time_left_counts_each_variants_pace_and_the_steps_a_resumed_run_has
     lines.clear()
     stages.pretrain(study, out, {"pre": None}, 6, None, Lines())  # a new process: seed 42's pace from its timing
     starts = [line for line in lines if " to go; " in line]
-    # seed 43 from step 3 and seed 44: (3 + 6) steps at 1,000 s; then seed 44 at this process's 500 s a step
+    # seed 43 from step 3 and seed 44: (3 + 6) steps at 1,000 s; then seed 44's 6 at 7,500 s over the 9 timed
     assert starts == ["pre.seed43 (2 of 3: pre.seed43, pre.seed44 to go; 6 steps each, this one from step 3); "
-                      "about 2h30m left", "pre.seed44 (3 of 3: pre.seed44 to go; 6 steps each); about 50 min left"]
-    assert stages.seconds_left([("ltr", 10), ("mlm", 10)], {"ltr": 2.0}) == 40  # mlm not timed: the mean pace
-    assert stages.seconds_left([("ltr", 10), ("mlm", 10)], {"ltr": 3.0, "mlm": 1.0}) == 40
+                      "about 2h30m left", "pre.seed44 (3 of 3: pre.seed44 to go; 6 steps each); about 1h23m left"]
+    assert stages.seconds_left([("ltr", 10), ("mlm", 10)], {"ltr": [20.0, 10]}) == 40  # mlm untimed: the mean
+    assert stages.seconds_left([("ltr", 10), ("mlm", 10)], {"ltr": [30.0, 10], "mlm": [10.0, 10]}) == 40
     assert stages.seconds_left([("ltr", 10)], {}) is None
+    # a run that started from another's checkpoint timed over its own steps; one trained elsewhere (its launches
+    # name a device) and one whose record does not read are left out
+    runs = {name: type("Run", (), {"variant": variant})() for name, variant in
+            (("bi", "bi"), ("gpu", "gpu"), ("broken", "broken"))}
+    paths = {name: tmp_path / "pace" / name for name in runs}
+    for name, (results, timing) in {"bi": ({"step": 6, "started_from": {"step": 3}}, [{"seconds": 30.0}]),
+                                    "gpu": ({"step": 6}, [{"seconds": 1.0, "device": "NVIDIA H200"}]),
+                                    "broken": ({"step": 6}, [{"secs": 1.0}])}.items():
+        (paths[name] / "final").mkdir(parents=True)
+        (paths[name] / "final" / "config.json").write_text("{}")
+        (paths[name] / "pretrain_results.json").write_text(json.dumps(results))
+        (paths[name] / "timing.json").write_text(json.dumps(timing))
+    assert stages.measured_pace(runs, paths) == {"bi": [30.0, 3]}
+    # an unfinished run goes on from its own last checkpoint, even one before its donor's step
+    (paths["bi"] / "checkpoints" / "step-2").mkdir(parents=True)
+    (paths["bi"] / "checkpoints" / "step-2" / "progress.json").write_text("{}")
+    assert stages.resume_step(paths["bi"], 3) == 2 and stages.resume_step(paths["gpu"], 3) == 3
 
 
 def test_a_variant_run_trains_its_free_runs_first_and_a_biphasic_run_waits_for_its_donors_checkpoint(

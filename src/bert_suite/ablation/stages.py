@@ -436,33 +436,45 @@ def reused_start(name: str, donor: str, step: int, runs: dict[str, Path], overri
     return checkpoint
 
 
-def measured_pace(runs: dict, paths: dict[str, Path], starts: dict[str, tuple[str, int]]) -> dict[str, float]:
-    """{variant: seconds per step} of the finished runs (`runs`: {name: Study run}), from their timing.json (every
-    launch's wall time, over the steps the run trained itself): the mean over a variant's finished runs."""
+def measured_pace(runs: dict, paths: dict[str, Path]) -> dict[str, list[float]]:
+    """{variant: [seconds, steps]} of the finished runs (`runs`: {name: Study run}) trained here: every launch's wall
+    time in timing.json over the steps the run trained itself (less another run's steps it started from). A run
+    pre-trained on another machine (its launches name a `device`) is left out; so is any record that does not read."""
     seen: dict[str, list[float]] = {}
     for name, run in runs.items():
-        done, timing = finished_steps(paths[name]), paths[name] / "timing.json"
-        trained = (done or 0) - starts.get(name, ("", 0))[1]
-        if done is not None and trained > 0 and timing.is_file():
-            seen.setdefault(run.variant, []).append(minutes_of(paths[name]) * 60 / trained)
-    return {variant: statistics.fmean(values) for variant, values in seen.items() if values}
+        try:
+            results = json.loads((paths[name] / "pretrain_results.json").read_text())
+            launches = json.loads((paths[name] / "timing.json").read_text())
+            trained = results["step"] - results.get("started_from", {}).get("step", 0)
+            seconds = sum(float(launch["seconds"]) for launch in launches)
+            if any("device" in launch for launch in launches) or trained <= 0 or \
+                    not (paths[name] / "final" / "config.json").is_file():
+                continue
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            continue
+        total = seen.setdefault(run.variant, [0.0, 0])
+        total[0], total[1] = total[0] + seconds, total[1] + trained
+    return seen
 
 
 def resume_step(run: Path, start: int) -> int:
-    """The step an unfinished run goes on from: its last complete checkpoint's, else `start` (a donor's step)."""
+    """The step an unfinished run goes on from: its last complete checkpoint's, else `start` (its donor's step,
+    where it starts from another run's checkpoint; 0 otherwise)."""
     from ..pretraining.checkpoints import complete_checkpoints
 
     found = complete_checkpoints(run / "checkpoints")
-    return max(int(found[-1].name.split("-")[1]), start) if found else start
+    return int(found[-1].name.split("-")[1]) if found else start
 
 
-def seconds_left(runs: list[tuple[str, int]], pace: dict[str, float]) -> float | None:
-    """The seconds `runs` ([(variant, steps left)]) still need, each at its variant's pace (seconds per step), a
-    variant not measured yet at the mean pace of those that are; None before any is."""
-    if not pace:
+def seconds_left(runs: list[tuple[str, int]], pace: dict[str, list[float]]) -> float | None:
+    """The seconds `runs` ([(variant, steps left)]) still need, each at its variant's pace (`pace`: {variant:
+    [seconds, steps]} timed so far), a variant not timed yet at the mean pace of those that are; None before any
+    is."""
+    rates = {variant: seconds / steps for variant, (seconds, steps) in pace.items() if steps > 0}
+    if not rates:
         return None
-    mean = statistics.fmean(pace.values())
-    return sum(left * pace.get(variant, mean) for variant, left in runs)
+    mean = statistics.fmean(rates.values())
+    return sum(left * rates.get(variant, mean) for variant, left in runs)
 
 
 def finished_steps(run: Path) -> int | None:
@@ -577,7 +589,7 @@ def pretrain(study: Study, out: Path, data: dict[str, Data], steps: int, only: l
     kept: dict[str, list[int]] = {}
     for donor, step in starts.values():
         kept.setdefault(donor, []).append(step)
-    pace = measured_pace(every, paths, starts)  # seconds per step by variant; this process's runs replace them
+    pace = measured_pace(every, paths)  # {variant: [seconds, steps]}: the finished runs', then this process's too
     for number in range(len(todo)):
         # the next run in order that waits for nobody: a run whose donor another process trains, its checkpoint at
         # the switch not written yet, would train those steps again, and one another process trains is held
@@ -608,13 +620,18 @@ def pretrain(study: Study, out: Path, data: dict[str, Data], steps: int, only: l
                     start = reused_start(name, *starts[name], paths, overrides, progress)
                     if start is not None:
                         overrides["start_from_checkpoint"], first = start, starts[name][1]
-                left = [(chosen[name].variant, steps - first)] + [
-                    (chosen[n].variant, 0 if finished_steps(paths[n]) is not None else
-                     steps - resume_step(paths[n], starts.get(n, ("", 0))[1])) for n in todo[number + 1:]]
+                try:  # an estimate: a record that does not read leaves it out, never stops the study
+                    left = [(chosen[name].variant, steps - first)] + [
+                        (chosen[n].variant, 0 if finished_steps(paths[n]) is not None else
+                         steps - resume_step(paths[n], starts.get(n, ("", 0))[1])) for n in todo[number + 1:]]
+                    estimate = seconds_left(left, pace)
+                except (OSError, ValueError, KeyError, TypeError):
+                    estimate = None
                 progress.stage("pretraining", f"{name} ({number + 1} of {len(todo)}: {', '.join(todo[number:])} to go; "
                                f"{steps:,} steps each{f', this one from step {first:,}' if first else ''}); "
-                               + progress.left(seconds_left(left, pace)))
+                               + progress.left(estimate))
                 seconds = launch_recipe(overrides, out / "logs" / f"pretraining-{name}.log", run / "timing.json")
-                pace[chosen[name].variant] = seconds / max(steps - first, 1)
+                total = pace.setdefault(chosen[name].variant, [0.0, 0])
+                total[0], total[1] = total[0] + seconds, total[1] + max(steps - first, 1)
         progress.stage("pretraining", f"{name} done ({steps:,} steps, {minutes_of(run):.1f} minutes)")
     return held
