@@ -664,6 +664,42 @@ def test_an_optional_task_is_left_out_only_when_its_data_is_missing_and_a_misspe
         load_study(small_study(tmp_path, data, compare={"tasks": ["rte@5000"]}))
 
 
+def test_a_study_keeps_the_donors_checkpoint_at_the_switch_and_starts_the_biphasic_run_there(data, tmp_path,
+                                                                                            monkeypatch):
+    """At unit level (the recipe faked; the real recipe's side in tests/test_objective_schedule.py, the whole study
+    in make test-all): ltr is told to keep its checkpoint at bi's switch (which is no setting of its run), and
+    bi starts from that checkpoint with ltr's snapshots of those steps copied as its own."""
+    from bert_suite.ablation import launch, stages
+    from bert_suite.ablation.stages import UNRECORDED
+
+    study, out = biphasic_study(tmp_path, data), tmp_path / "out"
+    launched = []
+    monkeypatch.setattr(launch, "recipe_overrides", lambda study, name, data, run, steps, **_: {
+        "output_dir": str(run), "max_steps": steps, "snapshot_steps": "3", "train_data": "-", "tokenizer": "-",
+        "warmup_steps": 0, "phase1_fraction": 1})
+
+    def launch_recipe(overrides, log, timing):
+        run = Path(overrides["output_dir"])
+        launched.append((run.name, overrides.get("keep_checkpoints"), overrides.get("start_from_checkpoint")))
+        for folder, name in ((run / "checkpoints" / "step-3", "progress.json"), (run / "snapshots" / "step-3",
+                                                                                 "config.json"), (run / "final", "config.json")):
+            folder.mkdir(parents=True, exist_ok=True)
+            if not (folder / name).exists():  # (bi's snapshot at step 3 is the copy of ltr's)
+                (folder / name).write_text(json.dumps({"run": run.name}))
+        (run / "pretrain_results.json").write_text(json.dumps({"step": 6}))
+        return 1.0
+
+    monkeypatch.setattr(launch, "launch_recipe", launch_recipe)
+    stages.pretrain(study, out, {"ltr": None, "bi": None}, 6, None, stages.Progress())
+    ltr, bi = out / "pretraining" / "ltr", out / "pretraining" / "bi"
+    assert launched == [("ltr", "3", None), ("bi", None, ltr / "checkpoints" / "step-3")]
+    assert json.loads((bi / "snapshots" / "step-3" / "config.json").read_text()) == {"run": "ltr"}  # ltr's, copied
+    recorded = json.loads((out / "stages" / "pretraining-ltr.json").read_text())["settings"]["recipe"]
+    assert not set(UNRECORDED) & set(recorded)  # keeping a checkpoint changes no weight: not a setting
+
+
+@pytest.mark.slow  # two pre-trainings and the data stages (40 s on 2 busy cores): make test-all; make test keeps the
+# study's side at unit level (the test above) and the recipe's in tests/test_objective_schedule.py
 def test_a_biphasic_variant_starts_from_the_left_to_right_variants_checkpoint_at_its_switch(data, tmp_path):
     """Issue 51: the biphasic variant's first half is the ltr variant's (the recipe test shows the weights are
     the same), so the study starts it from ltr's checkpoint at the switch, which ltr keeps past the rotation,
