@@ -575,7 +575,6 @@ def pretrain(study: Study, out: Path, data: dict[str, Data], steps: int, only: l
     seeds; `only`, `seeds`: these), one after another, each under its lock: a run another process is training
     is waited for, then found done; with `pass_held`, it is passed over instead (`passed_over`). Returns the runs
     passed over."""
-    from ..pretraining.checkpoints import complete_checkpoints
     from .launch import launch_recipe, recipe_overrides
     from .locks import held_elsewhere, variant_lock, variant_lock_path
 
@@ -614,9 +613,8 @@ def pretrain(study: Study, out: Path, data: dict[str, Data], steps: int, only: l
                 raise AblationError(f"{run} holds a finished run of {done:,} steps, not {steps:,}; give another "
                                     "--output_dir")
             if done is None:
-                found = complete_checkpoints(run / "checkpoints")
-                first = int(found[-1].name.split("-")[1]) if found else 0  # where the recipe resumes
-                if name in starts and not found:  # (again, if it was stopped before its own first checkpoint)
+                first = resume_step(run, 0)  # where the recipe resumes (0: no checkpoint of its own)
+                if name in starts and not first:  # (again, if it was stopped before its own first checkpoint)
                     start = reused_start(name, *starts[name], paths, overrides, progress)
                     if start is not None:
                         overrides["start_from_checkpoint"], first = start, starts[name][1]

@@ -9,18 +9,18 @@ Corpus formats (`fmt`):
   joiners are undone.
 - `paragraphs`: a paragraph a line, a blank line between documents (as the NLTK sample's State of
   the Union addresses are): each line is split into sentences.
-- `auto` (per file): `wikitext` when the first non-empty line is a ` = Title = ` line; `lines`
-  when blank lines, if any, separate groups averaging two or more lines, and the lines are single
-  sentences (`sentence_lines`: fewer than 10% of them, or fewer than 3, hold a sentence boundary) of
-  which either at least 80%
-  (of the first MiB) end with . ! or ? (closing quotes allowed) or which fill no fixed width
-  (`hard_wrapped`: a sentence a line without final punctuation, as headlines, captions or lower-cased
-  task sentences are); `paragraphs` when such groups' lines end with . ! or ? (80%) but are not single
-  sentences (10% of them, and 3 or more, hold a boundary); `raw` otherwise (a file of paragraphs whose
-  title lines bring the share ending with . ! or ? under 80% included: the whole file one document). Read as raw, a sentence-a-line file would run its lines together into a
-  few very long "sentences"; read as lines, a paragraph-a-line file would make each paragraph one
-  "sentence": either way the instances are cut at max_seq_length, and decontamination drops whole
-  paragraphs for one shared N-gram.
+- `auto` (per file): `wikitext` when the first non-empty line is a ` = Title = ` line; `lines` when
+  blank lines, if any, separate groups averaging two or more lines, and the lines are single sentences
+  (`sentence_lines`: fewer than 10% of them, or fewer than 3, hold a sentence boundary) of which
+  either at least 80% (of the first MiB) end with . ! or ? (closing quotes allowed) or which fill no
+  fixed width (`hard_wrapped`: a sentence a line without final punctuation, as headlines, captions or
+  lower-cased task sentences are); `paragraphs` when such groups' lines end with . ! or ? (80%) but
+  are not single sentences (10% of them, and 3 or more, hold a boundary); `raw` otherwise (a file of
+  paragraphs whose title lines bring the share ending with . ! or ? under 80% included: the whole file
+  one document). Read as raw, a sentence-a-line file would run its lines together into a few very long
+  "sentences"; read as lines, a paragraph-a-line file would make each paragraph one "sentence": either
+  way the instances are cut at max_seq_length, and decontamination drops whole paragraphs for one
+  shared N-gram.
 Files are read as UTF-8, or as Windows-1252 when they are not UTF-8 (reported in the statistics).
 """
 
@@ -32,6 +32,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 FORMATS = ("auto", "lines", "paragraphs", "raw", "wikitext")
+LINE_FORMATS = ("lines", "paragraphs")  # a blank line between documents, a line a sentence or paragraph
 
 
 def check_input_files(files: list[str]) -> list[Path]:
@@ -151,7 +152,7 @@ def hard_wrapped(lines: list[str]) -> bool:
 def _documents_from_lines(lines: Iterable[str], fmt: str) -> Iterator[list[str]]:
     """Documents (lists of sentences) of one file's lines in a resolved format; an empty list is an
     empty document (a WikiText title without text, a blank raw file) for the caller to count."""
-    if fmt in ("lines", "paragraphs"):
+    if fmt in LINE_FORMATS:
         doc: list[str] = []
         for line in lines:
             line = line.strip()
@@ -216,7 +217,7 @@ def document_spans(path: Path, fmt: str, encoding: str = "utf-8") -> Iterator[tu
         for line in f:
             stripped = line.strip()
             blank = not stripped or (not 0x20 < stripped[0] < 0x7f and _blank(stripped, encoding))  # most: printable
-            if fmt in ("lines", "paragraphs"):
+            if fmt in LINE_FORMATS:
                 if not blank and start is None:
                     start = offset
                 elif blank and start is not None:
@@ -232,7 +233,7 @@ def document_spans(path: Path, fmt: str, encoding: str = "utf-8") -> Iterator[tu
                 has_text = True
             offset += len(line)
         if start is not None:
-            yield start, offset, (fmt in ("lines", "paragraphs") or has_text)
+            yield start, offset, (fmt in LINE_FORMATS or has_text)
 
 
 def file_encoding(path: str | Path) -> str:
