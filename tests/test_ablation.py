@@ -69,6 +69,7 @@ def test_table5_end_to_end_at_smoke_size(shared, tmp_path, report):
     assert run(study, "--output_dir", out, "--results_dir", results) == 0
     record = json.loads((out / "ablation.json").read_text())
     check_record(record, study)
+    assert_status_done(study, out)
     assert record["pretraining"]["ltr"]["accuracy_kind"] == "next_token"
     assert record["pretraining"]["mlm_nsp"]["accuracy_kind"] == "mlm"
     assert record["models"]["random"]["random_init"] and record["models"]["ltr_bilstm"]["bilstm"]
@@ -86,6 +87,19 @@ def test_table5_end_to_end_at_smoke_size(shared, tmp_path, report):
     # a second run is all skips: the same record
     assert run(study, "--output_dir", out) == 0
     assert json.loads((out / "ablation.json").read_text())["tasks"] == record["tasks"]
+
+
+def assert_status_done(study: Path, out: Path) -> None:
+    """`--status` of a finished study: every run done, every grid it counts done and found (none missed), the
+    record written."""
+    from bert_suite.ablation.status import study_status
+
+    status = study_status(study, out)
+    assert {r["state"] for r in status["runs"]} == {"done"} and status["record"]
+    for kind, grids in status["grids"].items():
+        assert grids["done"] == grids["grids"] and not grids["under_way"], (kind, grids)
+    made = {p.parent for p in out.glob("c*/*/*/best_trial.json")} | {p for p in out.glob("features/*/*") if p.is_dir()}
+    assert made and len(made) == sum(g["grids"] for g in status["grids"].values())
 
 
 def small_study(folder: Path, data: Path, **changes) -> Path:
@@ -188,6 +202,7 @@ def test_a_study_stopped_in_pretraining_and_killed_in_fine_tuning_resumes_to_the
                            "2"], env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
     assert (whole / "logs" / "compare-w1.log").is_file()
+    assert_status_done(study, whole)
     assert " -m accelerate.commands.launch " in (whole / "logs" / "pretraining-pre.log").read_text()
     # SIGTERM while the recipe runs (it hangs after step 3's checkpoint): the study stops everything it started
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "BERT_SUITE_FAILPOINT": "pretrain.step:4:hang"}
@@ -510,6 +525,7 @@ def test_each_shipped_study_runs_end_to_end_at_smoke_size(shared, tmp_path, repo
         study.write_text(yaml.safe_dump(raw, sort_keys=False))
         record["ablation"] = raw
     check_record(record, study)
+    assert_status_done(study, out)
     assert record["left_out"] == []
     if name == "table8":  # the NER column's feature-based route: one tagger per variant and seed
         key = "conll2003 (feature-based)"
@@ -987,6 +1003,84 @@ def test_the_time_left_counts_each_variants_pace_and_the_steps_a_resumed_run_has
     (paths["bi"] / "checkpoints" / "step-2").mkdir(parents=True)
     (paths["bi"] / "checkpoints" / "step-2" / "progress.json").write_text("{}")
     assert stages.resume_step(paths["bi"], 3) == 2 and stages.resume_step(paths["gpu"], 3) == 3
+
+
+def test_status_reads_where_a_study_stands_from_its_folder_alone(data, tmp_path, capsys):
+    """`--status`: each run's state (done; training under another process's lock, at the pace of its launch under
+    way; stopped at its checkpoint; not started, its first steps a donor's), the pre-training time left, and the
+    grids done and under way, a biphasic run's copied snapshot not counted as a grid of its own; nothing written."""
+    from bert_suite.ablation.locks import variant_lock
+
+    path = small_study(tmp_path, data, variants={
+        "ltr": {"use_nsp": False, "causal_attention": True}, "bi": {"causal_fraction": 0.5}, "pre": None,
+        "random": None}, pretraining={"seeds": [42, 43]}, compare={"baseline": "bi"},
+        curve={"variants": ["ltr", "bi"], "tasks": ["rte"]},
+        contrasts=[{"first": "bi", "second": "ltr", "label": "biphasic against ltr"}])
+    out = tmp_path / "out"
+    assert run(path, "--output_dir", out, "--status") == 2
+    assert "no study there yet" in capsys.readouterr().err
+    (out / "stages").mkdir(parents=True)
+    runs = out / "pretraining"
+    for name, results, seconds in (("ltr", {"step": 6}, 600.0), ("bi", {"step": 6, "started_from": {"step": 3}}, 90.0)):
+        (runs / name / "final").mkdir(parents=True)
+        (runs / name / "final" / "config.json").write_text("{}")
+        (runs / name / "pretrain_results.json").write_text(json.dumps(results))
+        (runs / name / "timing.json").write_text(json.dumps([{"seconds": seconds, "finished": "then"}]))
+    under_way = runs / "ltr.seed43"  # resumed from its step-3 checkpoint: one step in 120 s (the finished ltr: 100 s)
+    (under_way / "checkpoints" / "step-3").mkdir(parents=True)
+    (under_way / "checkpoints" / "step-3" / "progress.json").write_text("{}")
+    (under_way / "metrics.jsonl").write_text("".join(json.dumps({"step": s}) + "\n" for s in (2, 4)))
+    (under_way / "timing.json").write_text(json.dumps([{"seconds": 900.0, "finished": "then"}, {"seconds": 120.0}]))
+    (out / "logs").mkdir()
+    (out / "logs" / "pretraining-ltr.seed43.log").write_text(
+        "$ launch\nstep 1 of 6\n$ launch\nresumed from checkpoints/step-3 at step 3\nstep 4 of 6\n")
+    for folder, files in {"compare/rte/ltr": ["best_trial.json"],
+                          "compare/rte/bi": ["trials/trial-000/all_results.json", "trials/trial-001/all_results.json"],
+                          "curve/rte/ltr@3": ["grid.db"]}.items():
+        for file in files:
+            (out / folder / file).parent.mkdir(parents=True, exist_ok=True)
+            (out / folder / file).write_text("{}")
+    with variant_lock(out, "ltr.seed43"):
+        before = sorted((p, p.stat().st_mtime_ns) for p in out.rglob("*"))
+        assert run(path, "--output_dir", out, "--status") == 0
+        assert sorted((p, p.stat().st_mtime_ns) for p in out.rglob("*")) == before
+    from bert_suite.ablation.status import study_status
+
+    status = study_status(path, out)
+    state = {r["run"]: (r["state"], r["step"]) for r in status["runs"]}
+    assert state == {"ltr": ("done", 6), "bi": ("done", 6), "ltr.seed43": ("stopped", 4),
+                     "bi.seed43": ("not started", 0)}
+    assert status["runs"][3]["starts_from"] == {"run": "ltr.seed43", "step": 3}
+    # ltr.seed43's 3 steps at 120 s (its launch under way) and bi.seed43's 3 after the switch at 30 s
+    assert status["pace"]["bi"] == {"seconds_per_step": 30.0, "from": "the finished runs"}
+    assert status["pretraining_seconds_left"] == 3 * 100 + 3 * 30  # no process holds it now: the finished ltr's
+    assert status["grids"] == {"compare": {"grids": 4, "done": 1, "under_way": 1, "trials": 2},
+                               "curve": {"grids": 2, "done": 0, "under_way": 1, "trials": 0}}
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[1] == ("pre-training, 6 steps a run: 2 of 4 runs done; about 7 min of pre-training left in all "
+                          "(runs side by side share it; at the pace of each variant's run under way, else of its "
+                          "finished runs)")
+    assert re.fullmatch(r"  ltr\.seed43 +training +4  checkpoint 3; 0\.5 steps a minute; process \d+ on .+", printed[4])
+    assert printed[5] == "  bi.seed43   not started         0  its first 3 steps are ltr.seed43's"
+    assert printed[6] == "fine-tuning grids: compare: 1 of 4 done, 1 under way; curve: 0 of 2 done, 1 under way (2 " \
+                         "trials finished)"
+    # bi's snapshot at the switch written with other bytes than ltr's (it trained its first steps itself): a grid of
+    # its own; with bi first in the curve's order, the copies' grids are bi's
+    for name, weights in (("ltr", b"ltr"), ("bi", b"bi")):
+        (runs / name / "snapshots" / "step-3").mkdir(parents=True)
+        (runs / name / "snapshots" / "step-3" / "config.json").write_text("{}")
+        (runs / name / "snapshots" / "step-3" / "model.safetensors").write_bytes(weights)
+    assert study_status(path, out)["grids"]["curve"]["grids"] == 3
+    (runs / "bi" / "snapshots" / "step-3" / "model.safetensors").write_bytes(b"ltr")
+    (out / "curve" / "rte" / "bi@3").mkdir()
+    (out / "curve" / "rte" / "bi@3" / "best_trial.json").write_text("{}")
+    first = tmp_path / "bi-first"
+    first.mkdir()
+    raw = yaml.safe_load(path.read_text())
+    raw["curve"]["variants"] = ["bi", "ltr"]
+    (first / "study.yaml").write_text(yaml.safe_dump(raw))
+    assert study_status(first / "study.yaml", out)["grids"]["curve"] == {"grids": 2, "done": 1, "under_way": 0,
+                                                                         "trials": 0}
 
 
 def test_a_variant_run_trains_its_free_runs_first_and_a_biphasic_run_waits_for_its_donors_checkpoint(

@@ -570,6 +570,12 @@ def _ablation(args: argparse.Namespace, rest: list[str]) -> None:
     from .ablation import run_ablation
     from .ablation.launch import Stopped
 
+    if args.status:
+        from .ablation.status import format_status, study_status
+
+        print(format_status(study_status(args.study, args.output_dir)))
+        return
+
     words = ["bert-suite", "ablation", args.study, "--output_dir", args.output_dir]  # what reruns it
     for flag in ("workers", "storage", "results_dir"):
         value = getattr(args, flag)

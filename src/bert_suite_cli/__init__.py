@@ -41,7 +41,8 @@ EXAMPLES = {
     "demo": "bert-suite demo --output_dir runs/demo",
     "ablation": "bert-suite ablation recipes/ablations/table5.yaml --output_dir runs/table5 --workers 2\n"
                 "  bert-suite ablation my_study.yaml --output_dir runs/study --variant mlm --until pretraining  "
-                "(one machine per variant)",
+                "(one machine per variant)\n"
+                "  bert-suite ablation recipes/ablations/table5.yaml --output_dir runs/table5 --status  (where it stands)",
     "decontaminate": "bert-suite decontaminate --input corpus/*.txt --against glue/SST-2/dev.tsv --output_dir clean",
     "extract-features": "bert-suite extract-features --model bert-base-cased --input valid.txt --layers all "
                         "--pool weighted --output_dir feats/dev",
@@ -426,6 +427,9 @@ def build_parser() -> argparse.ArgumentParser:
                      "each grid's folder)")
     abl.add_argument("--results_dir", metavar="DIR", help="also write the record there as STEM.json, STEM.md and "
                      "STEM.png (STEM: the study file's name)")
+    abl.add_argument("--status", action="store_true", help="print where the study in --output_dir stands (each "
+                     "pre-training's state and step, the time left, the grids done) and exit; it reads the folder "
+                     "only, so it is safe beside the processes running the study")
     abl.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)  # a --workers helper: grids only
     abl.set_defaults(func="_ablation")
 

@@ -13,6 +13,7 @@ The parts, one file each:
   finetune.py  every variant through compare's grids (compare/), the curve (curve/TASK/NAME@STEP/), the
                feature-based route (features/)
   record.py    ablation.json, ablation.md, ablation.png
+  status.py    `--status`: where a study stands, read from its folder
 
 `run_ablation` below runs them in that order; a finished stage is skipped and an interrupted one resumed (the
 recipe from its last checkpoint, a grid from its study).

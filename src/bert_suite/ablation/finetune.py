@@ -308,6 +308,11 @@ def snapshot_digest(folder: Path) -> str | None:
     return digest.hexdigest()
 
 
+def tagger_settings(entry: TaskEntry) -> tuple[list, list, int]:
+    """The feature-based route's learning rates, epochs and batch size: the task's own, else 1e-3, 4 and 32."""
+    return entry.learning_rates or [1e-3], entry.epochs or [4], (entry.batch_sizes or [32])[0]
+
+
 def feature_route(study: Study, entry: TaskEntry, models: dict, out: Path, data_dirs: list, log) -> dict:
     """The feature-based route of Table 8's last column (Table 7's method) for an NER task: each variant's frozen
     last four layers, concatenated, feed a two-layer BiLSTM tagger (as wide as the model) trained once per seed
@@ -320,9 +325,7 @@ def feature_route(study: Study, entry: TaskEntry, models: dict, out: Path, data_
 
     task = resolve_task(entry.key, data_dirs or None, flag="task")
     train_file, dev_file = (task.card.splits[s].file for s in (task.card.train_split, task.card.eval_splits[0]))
-    rates = entry.learning_rates or [1e-3]
-    epochs = entry.epochs or [4]
-    batch = (entry.batch_sizes or [32])[0]
+    rates, epochs, batch = tagger_settings(entry)
     found = {}
     for name, model in models.items():
         log(f"features: feature-based, {entry.key} with {name}")
