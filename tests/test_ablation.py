@@ -74,7 +74,11 @@ def test_table5_end_to_end_at_smoke_size(shared, tmp_path, report):
     assert record["pretraining"]["mlm_nsp"]["accuracy_kind"] == "mlm"
     assert record["models"]["random"]["random_init"] and record["models"]["ltr_bilstm"]["bilstm"]
     # the curve's last point is the compare stage's own grid when the task is compared, else the final checkpoint's
-    assert set(record["curve"]) == {"mlm_nsp", "ltr"}
+    assert set(record["curve"]) == {"mlm_nsp", "ltr", "ltr_then_mlm_nsp"}
+    # the biphasic run starts from ltr's checkpoint at its switch: its curve points up to there are ltr's grids
+    switch = yaml.safe_load(study.read_text())["pretraining"]["steps"] // 2
+    early = [p for points in record["curve"]["ltr_then_mlm_nsp"].values() for p in points if p["step"] <= switch]
+    assert early and all(p["from"] == "ltr" for p in early)
     assert (out / "pretraining" / "mlm_nsp" / "snapshots" / "step-4" / "config.json").is_file()
     assert not (out / "pretraining" / "mlm" / "snapshots").exists()  # not a curve variant: no snapshots
     decontaminated = json.loads((out / "corpus" / "clean" / "decontamination.json").read_text())
