@@ -521,6 +521,7 @@ def test_each_shipped_study_runs_end_to_end_at_smoke_size(shared, tmp_path, repo
     study = smoke_study(SHIPPED / f"{name}.yaml", tmp_path, tasks=tasks)
     out = tmp_path / "out"
     assert run(study, "--output_dir", out) == 0
+    assert_status_done(study, out)
     record = json.loads((out / "ablation.json").read_text())
     raw = yaml.safe_load(study.read_text())
     if "minutes" in raw["pretraining"]:  # steps planned from the calibration runs, the same for every variant
@@ -529,7 +530,6 @@ def test_each_shipped_study_runs_end_to_end_at_smoke_size(shared, tmp_path, repo
         study.write_text(yaml.safe_dump(raw, sort_keys=False))
         record["ablation"] = raw
     check_record(record, study)
-    assert_status_done(study, out)
     assert record["left_out"] == []
     if name == "table8":  # the NER column's feature-based route: one tagger per variant and seed
         key = "conll2003 (feature-based)"
@@ -1085,6 +1085,13 @@ def test_status_reads_where_a_study_stands_from_its_folder_alone(data, tmp_path,
     (first / "study.yaml").write_text(yaml.safe_dump(raw))
     assert study_status(first / "study.yaml", out)["grids"]["curve"] == {"grids": 2, "done": 1, "under_way": 0,
                                                                          "trials": 0}
+    # random twins of the same config and vocabulary files share one grid (compare's same_models): the two finished
+    # seed-42 runs' files are alike, so one of their twins takes the other's grids; the seed-43 twins are their own
+    twins = tmp_path / "twins"
+    twins.mkdir()
+    raw["variants"].update(ltr_random={"from": "ltr", "random_init": True}, bi_random={"from": "bi", "random_init": True})
+    (twins / "study.yaml").write_text(yaml.safe_dump(raw))
+    assert study_status(twins / "study.yaml", out)["grids"]["compare"]["grids"] == 8 - 1
 
 
 def test_a_variant_run_trains_its_free_runs_first_and_a_biphasic_run_waits_for_its_donors_checkpoint(

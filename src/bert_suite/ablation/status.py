@@ -131,7 +131,9 @@ def grid_status(study: Study, out: Path, steps: int | None, starts: dict[str, tu
             for step in study.pretraining.checkpoints:
                 if step <= switch and step != steps and same_snapshot(out, name, donor, step):
                     copies.add((second, step))
-    folders = {"compare": [out / "compare" / key / label for key in tuned for label in labels], "curve": []}
+    shared = same_twins(study, out)
+    folders = {"compare": [out / "compare" / key / label for key in tuned for label in labels if label not in shared],
+               "curve": []}
     for name in order:
         for key in study.curve_tasks:
             for step in study.pretraining.checkpoints:
@@ -160,6 +162,26 @@ def grid_status(study: Study, out: Path, steps: int | None, starts: dict[str, tu
                              "under_way": sum(0 < trained[f] < n for f, n in taggers.items()),
                              "trials": sum(trained.values())}
     return found
+
+
+def same_twins(study: Study, out: Path) -> set[str]:
+    """The random twins that take an earlier one's grids (compare's `same_models`: the same config and vocabulary
+    files, the same draw), read from their source runs' final folders, baseline first; a twin whose run is not
+    finished counts as its own."""
+    from ..compare import RANDOM_TWIN_FILES
+
+    seen, shared = set(), set()
+    rows = sorted(checkpoints_of(study), key=lambda c: c[1] != study.compare.baseline)
+    for label, name, run, position in rows:
+        variant, final = study.variants[name], out / "pretraining" / run.name / "final"
+        if not variant.random_init or not (final / "config.json").is_file():
+            continue
+        files = sorted(f for f in final.iterdir() if f.name in RANDOM_TWIN_FILES or f.suffix == ".model")
+        key = (variant.bilstm, position, *((f.name, f.read_bytes()) for f in files))
+        if key in seen:
+            shared.add(label)
+        seen.add(key)
+    return shared
 
 
 def same_snapshot(out: Path, name: str, donor: str, step: int) -> bool:
