@@ -96,14 +96,18 @@ def test_table5_end_to_end_at_smoke_size(shared, tmp_path, report):
 def assert_status_done(study: Path, out: Path) -> None:
     """`--status` of a finished study: every run done, every grid it counts done and found (none missed), the
     record written."""
-    from bert_suite.ablation.status import study_status
+    from bert_suite.ablation.status import expected_starts, grid_folders, study_status
 
     status = study_status(study, out)
     assert {r["state"] for r in status["runs"]} == {"done"} and status["record"]
     for kind, grids in status["grids"].items():
         assert grids["done"] == grids["grids"] and not grids["under_way"], (kind, grids)
     made = {p.parent for p in out.glob("c*/*/*/best_trial.json")} | {p for p in out.glob("features/*/*") if p.is_dir()}
-    assert made and len(made) == sum(g["grids"] for g in status["grids"].values())
+    loaded = load_study(study)
+    paths = {r.name: out / "pretraining" / r.name for r in loaded.runs()}
+    counted = [f for folders in grid_folders(loaded, out, status["steps"], expected_starts(
+        loaded, out, status["steps"], paths)).values() for f in folders]
+    assert made and sorted(counted) == sorted(made)  # the very folders, each once
 
 
 def small_study(folder: Path, data: Path, **changes) -> Path:
@@ -1030,11 +1034,16 @@ def test_status_reads_where_a_study_stands_from_its_folder_alone(data, tmp_path,
         (runs / name / "final" / "config.json").write_text("{}")
         (runs / name / "pretrain_results.json").write_text(json.dumps(results))
         (runs / name / "timing.json").write_text(json.dumps([{"seconds": seconds, "finished": "then"}]))
+    (runs / "bi" / "started_from.json").write_text("{}")  # the recipe's record: bi's first 3 steps are ltr's
     under_way = runs / "ltr.seed43"  # resumed from its step-3 checkpoint: one step in 120 s (the finished ltr: 100 s)
     (under_way / "checkpoints" / "step-3").mkdir(parents=True)
     (under_way / "checkpoints" / "step-3" / "progress.json").write_text("{}")
+    (under_way / "snapshots" / "step-3").mkdir(parents=True)  # the curve's snapshot, which bi.seed43 will copy
+    (under_way / "snapshots" / "step-3" / "config.json").write_text("{}")
     (under_way / "metrics.jsonl").write_text("".join(json.dumps({"step": s}) + "\n" for s in (2, 4)))
-    (under_way / "timing.json").write_text(json.dumps([{"seconds": 900.0, "finished": "then"}, {"seconds": 120.0}]))
+    started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(time.time() - 120))
+    (under_way / "timing.json").write_text(json.dumps([{"seconds": 900.0, "finished": "then"},
+                                                      {"seconds": 90.0, "started": started}]))
     (out / "logs").mkdir()
     (out / "logs" / "pretraining-ltr.seed43.log").write_text(
         "$ launch\nstep 1 of 6\n$ launch\nresumed from checkpoints/step-3 at step 3\nstep 4 of 6\n")
@@ -1068,14 +1077,20 @@ def test_status_reads_where_a_study_stands_from_its_folder_alone(data, tmp_path,
     assert printed[5] == "  bi.seed43   not started         0  its first 3 steps are ltr.seed43's"
     assert printed[6] == "fine-tuning grids: compare: 1 of 4 done, 1 under way; curve: 0 of 2 done, 1 under way (2 " \
                          "trials finished)"
-    # bi's snapshot at the switch written with other bytes than ltr's (it trained its first steps itself): a grid of
-    # its own; with bi first in the curve's order, the copies' grids are bi's
-    for name, weights in (("ltr", b"ltr"), ("bi", b"bi")):
-        (runs / name / "snapshots" / "step-3").mkdir(parents=True)
-        (runs / name / "snapshots" / "step-3" / "config.json").write_text("{}")
-        (runs / name / "snapshots" / "step-3" / "model.safetensors").write_bytes(weights)
+    # the launch under way before the line naming its first step: no pace of its own yet (the finished ltr's)
+    (out / "logs" / "pretraining-ltr.seed43.log").write_text("$ launch\nresumed from x at step 3\n$ launch\n")
+    with variant_lock(out, "ltr.seed43"):
+        assert study_status(path, out)["pace"]["ltr"] == {"seconds_per_step": 100.0, "from": "the finished runs"}
+    # a holder line left by a process that died (killed before it let go): no process on the run
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    lock = out / "pretraining" / ".ltr.seed43.lock"
+    lock.write_text(json.dumps({"pid": int(dead.stdout), "host": os.uname().nodename, "since": "then"}))
+    assert study_status(path, out)["runs"][2]["state"] == "stopped"
+    # bi trained its first steps itself (no started_from.json): its snapshot is a grid of its own; with bi first in
+    # the curve's order, the copies' grids are bi's
+    (runs / "bi" / "started_from.json").unlink()
     assert study_status(path, out)["grids"]["curve"]["grids"] == 3
-    (runs / "bi" / "snapshots" / "step-3" / "model.safetensors").write_bytes(b"ltr")
+    (runs / "bi" / "started_from.json").write_text("{}")
     (out / "curve" / "rte" / "bi@3").mkdir()
     (out / "curve" / "rte" / "bi@3" / "best_trial.json").write_text("{}")
     first = tmp_path / "bi-first"
@@ -1092,6 +1107,53 @@ def test_status_reads_where_a_study_stands_from_its_folder_alone(data, tmp_path,
     raw["variants"].update(ltr_random={"from": "ltr", "random_init": True}, bi_random={"from": "bi", "random_init": True})
     (twins / "study.yaml").write_text(yaml.safe_dump(raw))
     assert study_status(twins / "study.yaml", out)["grids"]["compare"]["grids"] == 8 - 1
+
+
+def test_status_counts_a_biphasic_run_whole_when_its_donors_checkpoint_is_gone_and_refuses_another_studys_folder(
+        data, tmp_path, capsys):
+    """A biphasic run not started whose donor finished without its checkpoint at the switch trains every step
+    itself (the study's reused_start): --status names no start and counts all its steps. A run started from
+    another's checkpoint ("started from ... at step N") is paced from that step. A folder whose records name other
+    steps, another run or a finished run of other steps is another study's: one line says so."""
+    from bert_suite.ablation.status import current_launch, study_status
+
+    path = small_study(tmp_path, data, variants={
+        "ltr": {"use_nsp": False, "causal_attention": True}, "bi": {"causal_fraction": 0.5}, "pre": None,
+        "random": None}, compare={"baseline": "bi"}, curve=None,
+        contrasts=[{"first": "bi", "second": "ltr", "label": "biphasic against ltr"}])
+    out, runs = tmp_path / "out", tmp_path / "out" / "pretraining"
+    (out / "stages").mkdir(parents=True)
+    (runs / "ltr" / "final").mkdir(parents=True)
+    (runs / "ltr" / "final" / "config.json").write_text("{}")
+    (runs / "ltr" / "pretrain_results.json").write_text(json.dumps({"step": 6}))
+    (runs / "ltr" / "timing.json").write_text(json.dumps([{"seconds": 60.0, "finished": "then"}]))
+    status = study_status(path, out)
+    assert "starts_from" not in status["runs"][1] and status["pretraining_seconds_left"] == 6 * 10.0
+    (runs / "ltr" / "checkpoints" / "step-3").mkdir(parents=True)  # kept for bi (no curve: no snapshots needed)
+    (runs / "ltr" / "checkpoints" / "step-3" / "progress.json").write_text("{}")
+    status = study_status(path, out)
+    assert status["runs"][1]["starts_from"] == {"run": "ltr", "step": 3} and status["pretraining_seconds_left"] == 30.0
+
+    (runs / "bi" / "metrics.jsonl").parent.mkdir(parents=True)
+    (runs / "bi" / "metrics.jsonl").write_text(json.dumps({"step": 5}) + "\n")
+    started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(time.time() - 600))
+    (runs / "bi" / "timing.json").write_text(json.dumps([{"seconds": 590.0, "started": started}]))
+    log = tmp_path / "bi.log"
+    log.write_text("$ launch\nstarted from ltr/checkpoints/step-3 at step 3 (another run's checkpoint)\n")
+    seconds, steps = current_launch(runs / "bi", log, True)
+    assert steps == 2 and 600 <= seconds < 660
+
+    assert main(["ablation", str(path), "--output_dir", str(out), "--status", "--variant", "bi"]) == 2
+    assert "--status reads the folder only" in capsys.readouterr().err
+    for record, recipe, why in (("pretraining-ltr.json", {"max_steps": 8, "seed": 42}, "max_steps 8 (the study: 6)"),
+                                ("pretraining-mlm.json", {"max_steps": 6}, "a run the study does not have")):
+        (out / "stages" / record).write_text(json.dumps({"settings": {"recipe": recipe}}))
+        assert run(path, "--output_dir", out, "--status") == 2
+        assert f"{record}: {why}; expected the folder this study file made" in capsys.readouterr().err
+        (out / "stages" / record).unlink()
+    (runs / "ltr" / "pretrain_results.json").write_text(json.dumps({"step": 8}))
+    assert run(path, "--output_dir", out, "--status") == 2
+    assert "pretraining/ltr is a finished run of 8 steps, not the study's 6" in capsys.readouterr().err
 
 
 def test_a_variant_run_trains_its_free_runs_first_and_a_biphasic_run_waits_for_its_donors_checkpoint(

@@ -573,6 +573,11 @@ def _ablation(args: argparse.Namespace, rest: list[str]) -> None:
     if args.status:
         from .ablation.status import format_status, study_status
 
+        given = [f"--{flag}" for flag in ("variant", "pretraining_seeds", "storage", "results_dir")
+                 if getattr(args, flag)] + (["--workers"] if args.workers != 1 else []) + \
+            (["--until"] if args.until != "compare" else [])
+        if given:
+            raise ValueError(f"--status reads the folder only; it takes none of {', '.join(given)}")
         print(format_status(study_status(args.study, args.output_dir)))
         return
 

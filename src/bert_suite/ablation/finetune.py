@@ -31,16 +31,27 @@ from .study import AblationError, Study, TaskEntry
 FEATURE_LAYERS = 4  # Table 8's feature-based column: the last four layers (all, in a smaller model), concatenated
 
 
+def fine_tuning_config(folder: Path, size: str) -> dict | None:
+    """The config a grid fine-tunes `folder` with: None when its dropout is its preset's (`size`; the folder's own
+    config), else the folder's config with the preset's dropout (it was pre-trained with another)."""
+    from ..configuration_bert_suite import BertSuiteConfig
+
+    config = json.loads((folder / "config.json").read_text())
+    preset = BertSuiteConfig.from_preset(size)
+    if all(config.get(k) == getattr(preset, k) for k in DROPOUT_KEYS):
+        return None
+    return {**config, **{k: getattr(preset, k) for k in DROPOUT_KEYS}}
+
+
+DROPOUT_KEYS = ("hidden_dropout_prob", "attention_probs_dropout_prob")
+
+
 def fine_tuning_checkpoint(folder: Path, size: str) -> Path:
     """The checkpoint a grid starts from: `folder`, or, when it was pre-trained with other dropout than its
     preset's (`size`), a twin folder (links to its files) whose config has the preset's dropout, so every
     variant and its random twin fine-tune with the same config."""
-    from ..configuration_bert_suite import BertSuiteConfig
-
-    config = json.loads((folder / "config.json").read_text())
-    keys = ("hidden_dropout_prob", "attention_probs_dropout_prob")
-    preset = BertSuiteConfig.from_preset(size)
-    if all(config.get(k) == getattr(preset, k) for k in keys):
+    config = fine_tuning_config(folder, size)
+    if config is None:
         return folder
     twin = folder.parent / f"{folder.name}-finetune"
     twin.mkdir(exist_ok=True)
@@ -48,7 +59,6 @@ def fine_tuning_checkpoint(folder: Path, size: str) -> Path:
         with contextlib.suppress(FileExistsError):  # another --workers process made it first
             if path.name != "config.json" and not (twin / path.name).exists():
                 (twin / path.name).symlink_to(path.resolve())
-    config.update({k: getattr(preset, k) for k in keys})
     atomic_write_text(twin / "config.json", json.dumps(config, indent=2))
     return twin
 

@@ -6,20 +6,24 @@ fine-tuning grids done and under way."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import socket
+import time
 from pathlib import Path
 
-from .finetune import checkpoints_of, tagger_settings
+from .finetune import checkpoints_of, fine_tuning_config, tagger_settings
 from .locks import held_elsewhere, holder, variant_lock_path
 from .stages import Progress, finished_steps, measured_pace, minutes_of, resume_step, run_starts, seconds_left
 from .study import AblationError, Study, load_study
 
 
 def study_status(path: str | Path, output_dir: str | Path) -> dict:
-    """{title, output_dir, steps, runs: [{run, variant, seed, state, step, ...}], pretraining_seconds_left,
-    grids: {compare: {...}, curve: {...}}, record}. A run's state is "done", "training" (another process holds
-    its lock: `by` names it), "stopped" (it has steps of its own, no process on it) or "not started" (with
-    `starts_from` where its first steps are another run's)."""
+    """{title, output_dir, steps, runs: [{run, variant, seed, state, step, ...}], pretraining_seconds_left, pace,
+    grids: {compare: {...}, curve: {...}[, features: {...}]}, left_out, record}. A run's state is "done",
+    "training" (a live process holds its lock: `by` names it), "stopped" (it has steps, no process on it) or "not
+    started" (with `starts_from` where its first steps will be another run's). A folder made by another study
+    file (other runs, steps or seeds) is an error."""
     study = load_study(path)
     out = Path(output_dir).resolve()
     if not (out / "stages").is_dir():
@@ -28,7 +32,8 @@ def study_status(path: str | Path, output_dir: str | Path) -> dict:
     steps = planned_steps(study, out)
     every = {run.name: run for run in study.runs()}
     paths = {name: out / "pretraining" / name for name in every}
-    starts = run_starts(study, steps) if steps else {}
+    check_folder(study, out, steps, every)
+    starts = expected_starts(study, out, steps, paths) if steps else {}
     runs, left, recent = [], [], {}
     for name, run in every.items():
         folder, lock = paths[name], variant_lock_path(out, name)
@@ -39,12 +44,13 @@ def study_status(path: str | Path, output_dir: str | Path) -> dict:
         else:
             checkpoint = resume_step(folder, 0)
             step = max(checkpoint, last_logged_step(folder))
-            training = held_elsewhere(lock)
-            entry.update(state="training" if training else "stopped" if step else "not started", step=step,
+            by = lock_holder(lock)
+            entry.update(state="training" if by else "stopped" if step else "not started", step=step,
                          checkpoint=checkpoint)
-            if training:
-                entry["by"] = holder(lock)
-                launch = current_launch(folder, out / "logs" / f"pretraining-{name}.log")
+            if by:
+                entry["by"] = by
+                launch = current_launch(folder, out / "logs" / f"pretraining-{name}.log",
+                                        bool(checkpoint) or name in starts)
                 if launch is not None:
                     entry["steps_per_minute"] = round(launch[1] / launch[0] * 60, 1)
                     recent[run.variant] = list(launch)
@@ -59,7 +65,8 @@ def study_status(path: str | Path, output_dir: str | Path) -> dict:
             "pace": {variant: {"seconds_per_step": round(seconds / count, 3),
                                "from": "the run under way" if variant in recent else "the finished runs"}
                      for variant, (seconds, count) in pace.items() if count > 0},
-            "grids": grid_status(study, out, steps, starts), "record": (out / "ablation.json").is_file()}
+            "grids": grid_status(grid_folders(study, out, steps, starts), study), "left_out": list(study.left_out),
+            "record": (out / "ablation.json").is_file()}
 
 
 def planned_steps(study: Study, out: Path) -> int | None:
@@ -92,82 +99,165 @@ def last_logged_step(run: Path) -> int:
     return 0
 
 
-def current_launch(run: Path, log: Path) -> tuple[float, int] | None:
-    """(seconds, steps) of the run's launch under way: the seconds its timing.json entry holds so far and the
-    steps it has logged since the step it resumed (or started) from, which its log's lines name; None before it
-    logged a step, or when the last launch finished."""
+PACE_AFTER = 120  # seconds a launch runs before its own pace is taken (it loads, resumes, then trains)
+
+
+def current_launch(run: Path, log: Path, resumes: bool) -> tuple[float, int] | None:
+    """(seconds, steps) of the run's launch under way: the time since it started (timing.json's entry) and the
+    steps it logged since the step it resumed or started from, which its log names; None in its first
+    PACE_AFTER seconds, before it logged a step, before the line that names its first step where it will print
+    one (`resumes`: it has a checkpoint or starts from another run's), or when the last launch finished."""
     try:
         launch = json.loads((run / "timing.json").read_text())[-1]
+        seconds = time.time() - time.mktime(time.strptime(launch["started"], "%Y-%m-%d %H:%M:%S"))
         with open(log, "rb") as handle:
             handle.seek(0, 2)
-            size = handle.tell()
-            handle.seek(max(0, size - (8 << 20)))
+            handle.seek(max(0, handle.tell() - (8 << 20)))
             text = handle.read().decode("utf-8", "replace")
-    except (OSError, ValueError, IndexError, KeyError, TypeError):
+    except (OSError, ValueError, IndexError, KeyError, TypeError, OverflowError):
         return None
     text = text[text.rfind("\n$ ") + 1:] if "\n$ " in text else text
     first = re.search(r"^(?:resumed|started) from .* at step (\d+)", text, re.MULTILINE)
-    steps = last_logged_step(run) - (int(first.group(1)) if first else 0)
-    if "finished" in launch or steps <= 0 or not launch.get("seconds"):
+    if "finished" in launch or seconds < PACE_AFTER or (resumes and first is None):
         return None
-    return float(launch["seconds"]), steps
+    steps = last_logged_step(run) - (int(first.group(1)) if first else 0)
+    return (seconds, steps) if steps > 0 else None
 
 
-def grid_status(study: Study, out: Path, steps: int | None, starts: dict[str, tuple[str, int]]) -> dict:
-    """The fine-tuning grids the study runs, as folders: compare's (each task x checkpoint) and the curve's (each
-    snapshot x curve task; the last step is compare's grid where the task is one of compare's, and a snapshot
-    copied from a curve variant's run, a biphasic run's first steps, is that run's grid), and the feature route's
-    taggers of each checkpoint on an NER task (`features`, where the study has one). Per kind: how many are done
-    (best_trial.json written; every tagger trained), under way (trials finished, or a study started), and the
-    trials (taggers) finished."""
-    tuned = [t.key for t in study.tasks if not t.feature_based]
+def lock_holder(path: Path) -> str | None:
+    """Who holds a run's lock, read from the holder line the lock writes (and empties when let go), without
+    taking it (a study deciding whether to pass the run over must never see it held by this reader): a process
+    on this machine counts while it lives; one on another machine, by the lock's own probe."""
+    try:
+        found = json.loads(path.read_text() or "{}")
+    except (OSError, ValueError):
+        found = {}
+    if not found:
+        return None
+    if found.get("host") == socket.gethostname():
+        try:
+            os.kill(int(found["pid"]), 0)
+        except ProcessLookupError:
+            return None  # killed without letting go: the kernel's lock went with it
+        except (PermissionError, KeyError, TypeError, ValueError):
+            pass
+        return holder(path)
+    return holder(path) if held_elsewhere(path) else None
+
+
+def check_folder(study: Study, out: Path, steps: int | None, every: dict) -> None:
+    """The folder is this study's: each run's stage record names the study's steps and the run's seed, a finished
+    run has those steps, and no record is of a run the study does not have (another study file, or this one
+    changed: the study itself would refuse to resume)."""
+    for record in sorted((out / "stages").glob("pretraining-*.json")):
+        name = record.stem.removeprefix("pretraining-")
+        try:
+            recipe = json.loads(record.read_text())["settings"]["recipe"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        wanted = {"max_steps": steps, "seed": every[name].seed} if name in every else {}
+        differ = [f"{k} {recipe.get(k)} (the study: {v})" for k, v in wanted.items()
+                  if v is not None and k in recipe and recipe[k] != v]
+        if name not in every or differ:
+            why = "a run the study does not have" if name not in every else ", ".join(differ)
+            raise AblationError(f"--output_dir {out}: {record.name}: {why}; expected the folder this study file "
+                                f"made ({study.path})")
+    for name in every:
+        done = finished_steps(out / "pretraining" / name)
+        if steps is not None and done is not None and done != steps:
+            raise AblationError(f"--output_dir {out}: pretraining/{name} is a finished run of {done:,} steps, not "
+                                f"the study's {steps:,}; expected the folder this study file made ({study.path})")
+
+
+def expected_starts(study: Study, out: Path, steps: int, paths: dict[str, Path]) -> dict[str, tuple[str, int]]:
+    """`run_starts` less the starts that will not happen (`reused_start`'s conditions): a run already past them
+    keeps its own; a run not started takes its donor's checkpoint at the switch where it is written, with the
+    donor's snapshots up to it, or where the donor, short of the switch, will write them."""
+    from .stages import finished_steps as finished
+
+    found = {}
+    for name, (donor, step) in run_starts(study, steps).items():
+        variant, source = (next(r.variant for r in study.runs() if r.name == n) for n in (name, donor))
+        wanted = [s for s in study.pretraining.checkpoints if s <= step and s < steps] \
+            if variant in study.curve_variants else []
+        if (paths[name] / "started_from.json").is_file():
+            found[name] = (donor, step)
+        elif resume_step(paths[name], 0) or (wanted and source not in study.curve_variants):
+            continue  # its own steps, or a donor with no snapshots to copy: it trains them itself
+        elif (paths[donor] / "checkpoints" / f"step-{step}" / "progress.json").is_file():
+            if all((paths[donor] / "snapshots" / f"step-{s}" / "config.json").is_file() for s in wanted):
+                found[name] = (donor, step)
+        elif finished(paths[donor]) is None and resume_step(paths[donor], 0) < step:
+            found[name] = (donor, step)
+    return found
+
+
+def grid_folders(study: Study, out: Path, steps: int | None, starts: dict[str, tuple[str, int]]) -> dict:
+    """{kind: [folder]} of the fine-tuning the study runs: compare's grids (each task x checkpoint, less the random
+    twins that take another's), the curve's (each snapshot x curve task; the last step is compare's grid where the
+    task is one of compare's, and the snapshots that runs share, a biphasic run's first steps copied from its
+    donor's, are one grid, of the first such run in the curve's order) and the feature route's folder of taggers
+    for each checkpoint on an NER task (`features`, where the study has one)."""
+    tuned = list(dict.fromkeys(t.key for t in study.tasks if not t.feature_based))
     labels = [label for label, *_ in checkpoints_of(study)]
     variant_of = {run.name: run.variant for run in study.runs()}
-    order = study.curve_variants
-    copies = set()  # (run, step): a snapshot that is another curve run's, whose grid the first in the file's order has
-    for name, (donor, switch) in starts.items():
-        if variant_of[donor] in order and variant_of[name] in order:
-            second = name if order.index(variant_of[name]) > order.index(variant_of[donor]) else donor
-            for step in study.pretraining.checkpoints:
-                if step <= switch and step != steps and same_snapshot(out, name, donor, step):
-                    copies.add((second, step))
-    shared = same_twins(study, out)
-    folders = {"compare": [out / "compare" / key / label for key in tuned for label in labels if label not in shared],
-               "curve": []}
+    order = list(dict.fromkeys(study.curve_variants))
+    copies = set()  # (run, step): a snapshot that is another curve run's, whose grid the first in the curve's order has
+    for step in study.pretraining.checkpoints:
+        for donor in dict.fromkeys(d for d, _ in starts.values()):
+            shared = [donor, *(n for n, (d, switch) in starts.items() if d == donor and step <= switch)]
+            shared = sorted((n for n in shared if variant_of[n] in order), key=lambda n: order.index(variant_of[n]))
+            if step != steps and variant_of[donor] in order:
+                copies.update((n, step) for n in shared[1:])
+    shared_twins = same_twins(study, out)
+    folders: dict[str, list[Path]] = {
+        "compare": [out / "compare" / key / label for key in tuned for label in labels if label not in shared_twins],
+        "curve": []}
     for name in order:
-        for key in study.curve_tasks:
+        for key in dict.fromkeys(study.curve_tasks):
             for step in study.pretraining.checkpoints:
                 if step == steps and key in tuned:
                     continue
                 folders["curve"] += [out / "curve" / key / f"{run.name}@{step}" for run in study.runs([name])
                                      if (run.name, step) not in copies]
-    found = {}
-    for kind, grids in folders.items():
-        done = sum((folder / "best_trial.json").is_file() for folder in grids)
-        trials = {folder: len(list(folder.glob("trials/trial-*/all_results.json"))) for folder in grids}
-        going = [f for f in grids if not (f / "best_trial.json").is_file() and (trials[f] or (f / "grid.db").is_file())]
-        found[kind] = {"grids": len(grids), "done": done, "under_way": len(going), "trials": sum(trials.values())}
-    featured = [t for t in study.tasks if t.feature_based]  # the feature route: a folder of taggers per checkpoint
+    featured = [t for t in study.tasks if t.feature_based]
     if featured:
         from ..cards import load_card
 
-        taggers = {}
-        for entry in featured:
-            rates, epochs, _ = tagger_settings(entry)
-            card = load_card(entry.key.partition("@")[0])
-            for label in labels:
-                taggers[out / "features" / card.name / label] = len(rates) * len(epochs) * len(study.compare.seeds)
-        trained = {folder: len(list(folder.glob("tagger-*/all_results.json"))) for folder in taggers}
-        found["features"] = {"grids": len(taggers), "done": sum(trained[f] >= n for f, n in taggers.items()),
-                             "under_way": sum(0 < trained[f] < n for f, n in taggers.items()),
-                             "trials": sum(trained.values())}
+        folders["features"] = [out / "features" / load_card(t.key.partition("@")[0]).name / label
+                               for t in featured for label in labels]
+    return folders
+
+
+def grid_status(folders: dict[str, list[Path]], study: Study) -> dict:
+    """Per kind of `grid_folders`: how many grids, how many done (best_trial.json written; every tagger trained),
+    under way (trials finished, workers or a study started; features extracted), and the trials (taggers)
+    finished."""
+    found = {}
+    for kind, grids in folders.items():
+        if kind == "features":
+            from ..cards import load_card
+
+            wanted = {}  # taggers a checkpoint's folder gets on each feature-based task (by its card's name)
+            for task in (t for t in study.tasks if t.feature_based):
+                rates, epochs, _ = tagger_settings(task)
+                wanted[load_card(task.key.partition("@")[0]).name] = len(rates) * len(epochs) * len(study.compare.seeds)
+            trials = {f: len(list(f.glob("tagger-*/all_results.json"))) for f in grids}
+            done = {f for f in grids if trials[f] >= wanted[f.parent.name]}
+            going = [f for f in grids if f not in done and f.is_dir()]
+        else:
+            trials = {f: len(list(f.glob("trials/trial-*/all_results.json"))) for f in grids}
+            done = {f for f in grids if (f / "best_trial.json").is_file()}
+            going = [f for f in grids if f not in done and (trials[f] or (f / "grid.db").is_file()
+                                                            or (f / ".grid_workers").is_dir())]
+        found[kind] = {"grids": len(grids), "done": len(done), "under_way": len(going), "trials": sum(trials.values())}
     return found
 
 
 def same_twins(study: Study, out: Path) -> set[str]:
-    """The random twins that take an earlier one's grids (compare's `same_models`: the same config and vocabulary
-    files, the same draw), read from their source runs' final folders, baseline first; a twin whose run is not
-    finished counts as its own."""
+    """The random twins that take an earlier one's grids (compare's `same_models`: the same fine-tuning config and
+    vocabulary files, the same draw), read from their source runs' final folders, the baseline's row first; a twin
+    whose run is not finished counts as its own."""
     from ..compare import RANDOM_TWIN_FILES
 
     seen, shared = set(), set()
@@ -176,21 +266,15 @@ def same_twins(study: Study, out: Path) -> set[str]:
         variant, final = study.variants[name], out / "pretraining" / run.name / "final"
         if not variant.random_init or not (final / "config.json").is_file():
             continue
-        files = sorted(f for f in final.iterdir() if f.name in RANDOM_TWIN_FILES or f.suffix == ".model")
-        key = (variant.bilstm, position, *((f.name, f.read_bytes()) for f in files))
+        config = fine_tuning_config(final, study.size(run.variant))
+        files = {f.name: f.read_bytes() for f in final.iterdir() if f.name in RANDOM_TWIN_FILES or f.suffix == ".model"}
+        if config is not None:  # the twin folder's config (fine_tuning_checkpoint writes it so)
+            files["config.json"] = json.dumps(config, indent=2).encode()
+        key = (variant.bilstm, position, *sorted(files.items()))
         if key in seen:
             shared.add(label)
         seen.add(key)
     return shared
-
-
-def same_snapshot(out: Path, name: str, donor: str, step: int) -> bool:
-    """Whether run `name`'s snapshot at `step` is its donor's (a biphasic run started from the donor's checkpoint
-    has copies of its snapshots): the same bytes where both are written, else what the start plans."""
-    from .finetune import snapshot_digest
-
-    digests = [snapshot_digest(out / "pretraining" / run / "snapshots" / f"step-{step}") for run in (name, donor)]
-    return None in digests or digests[0] == digests[1]
 
 
 def format_status(status: dict) -> str:
@@ -229,6 +313,8 @@ def format_status(status: dict) -> str:
              for kind, g in grids.items() if g["grids"]]
     trials = sum(g["trials"] for g in grids.values())
     lines.append(f"fine-tuning grids: {'; '.join(parts)} ({trials:,} trials finished)")
+    if status["left_out"]:
+        lines.append(f"left out (their data is not found from this shell): {', '.join(status['left_out'])}")
     lines.append("record: " + ("written (ablation.json)" if status["record"] else
                                "not yet (written when every grid is done)"))
     return "\n".join(lines)
