@@ -1070,6 +1070,8 @@ def test_status_reads_where_a_study_stands_from_its_folder_alone(data, tmp_path,
     assert status["grids"] == {"compare": {"grids": 4, "done": 1, "under_way": 1, "trials": 2},
                                "curve": {"grids": 2, "done": 0, "under_way": 1, "trials": 0}}
     printed = capsys.readouterr().out.splitlines()
+    assert run(path, "--output_dir", out, "--status", "json") == 0  # the same, as one JSON object for scripts
+    assert json.loads(capsys.readouterr().out) == status
     assert printed[1] == ("pre-training, 6 steps a run: 2 of 4 runs done; about 7 min of pre-training left in all "
                           "(runs side by side share it; at the pace of each variant's run under way, else of its "
                           "finished runs)")

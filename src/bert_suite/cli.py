@@ -578,7 +578,8 @@ def _ablation(args: argparse.Namespace, rest: list[str]) -> None:
             (["--until"] if args.until != "compare" else [])
         if given:
             raise ValueError(f"--status reads the folder only; it takes none of {', '.join(given)}")
-        print(format_status(study_status(args.study, args.output_dir)))
+        status = study_status(args.study, args.output_dir)
+        print(json.dumps(status, indent=2) if args.status == "json" else format_status(status))
         return
 
     words = ["bert-suite", "ablation", args.study, "--output_dir", args.output_dir]  # what reruns it

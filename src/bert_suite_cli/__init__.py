@@ -427,9 +427,10 @@ def build_parser() -> argparse.ArgumentParser:
                      "each grid's folder)")
     abl.add_argument("--results_dir", metavar="DIR", help="also write the record there as STEM.json, STEM.md and "
                      "STEM.png (STEM: the study file's name)")
-    abl.add_argument("--status", action="store_true", help="print where the study in --output_dir stands (each "
-                     "pre-training's state and step, the time left, the grids done) and exit; it reads the folder "
-                     "only, so it is safe beside the processes running the study")
+    abl.add_argument("--status", nargs="?", const="text", choices=["text", "json"], help="print where the study in "
+                     "--output_dir stands (each pre-training's state and step, the time left, the grids done) and "
+                     "exit, as lines or (--status json) one JSON object; it reads the folder only, so it is safe "
+                     "beside the processes running the study")
     abl.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)  # a --workers helper: grids only
     abl.set_defaults(func="_ablation")
 
