@@ -342,7 +342,7 @@ def test_added_seeds_resume_the_one_seed_runs_and_the_rows_count_pre_trainings(d
 
     launched, checkpointing = [], []
 
-    def launch_recipe(overrides, log, timing):
+    def launch_recipe(overrides, log, timing, **_):
         run = Path(overrides["output_dir"])
         launched.append((run.name, overrides["seed"]))
         checkpointing.append((run.name, overrides["seed"], overrides["save_steps"]))
@@ -702,7 +702,7 @@ def test_a_study_keeps_the_donors_checkpoint_at_the_switch_and_starts_the_biphas
         "output_dir": str(run), "max_steps": steps, "snapshot_steps": "3", "train_data": "-", "tokenizer": "-",
         "warmup_steps": 0, "phase1_fraction": 1})
 
-    def launch_recipe(overrides, log, timing):
+    def launch_recipe(overrides, log, timing, **_):
         run = Path(overrides["output_dir"])
         launched.append((run.name, overrides.get("keep_checkpoints"), overrides.get("start_from_checkpoint")))
         for folder, name in ((run / "checkpoints" / "step-3", "progress.json"), (run / "snapshots" / "step-3",
@@ -930,7 +930,7 @@ def test_a_run_that_does_not_wait_passes_over_a_variant_held_elsewhere_and_one_s
     monkeypatch.setattr(launch, "recipe_overrides", lambda study, name, data, run, steps, **_: {
         "output_dir": str(run), "max_steps": steps, "snapshot_steps": "3", "train_data": "-", "tokenizer": "-",
         "warmup_steps": 0, "phase1_fraction": 1})
-    monkeypatch.setattr(launch, "launch_recipe", lambda overrides, log, timing: launched.append(
+    monkeypatch.setattr(launch, "launch_recipe", lambda overrides, log, timing, **_: launched.append(
         (Path(overrides["output_dir"]).name, overrides.get("start_from_checkpoint"))) or 1.0)
 
     class Quiet(stages.Progress):
@@ -961,7 +961,7 @@ def test_the_time_left_counts_each_variants_pace_and_the_steps_a_resumed_run_has
     monkeypatch.setattr(launch, "recipe_overrides", lambda study, name, data, run, steps, **_: {
         "output_dir": str(run), "max_steps": steps, "train_data": "-", "tokenizer": "-"})
 
-    def launch_recipe(overrides, log, timing):
+    def launch_recipe(overrides, log, timing, **_):
         run = Path(overrides["output_dir"])
         if run.name == "pre":  # 6 steps in 6,000 s
             (run / "final").mkdir(parents=True)
@@ -1043,7 +1043,7 @@ def test_status_reads_where_a_study_stands_from_its_folder_alone(data, tmp_path,
     (under_way / "metrics.jsonl").write_text("".join(json.dumps({"step": s}) + "\n" for s in (2, 4)))
     started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(time.time() - 120))
     (under_way / "timing.json").write_text(json.dumps([{"seconds": 900.0, "finished": "then"},
-                                                      {"seconds": 90.0, "started": started}]))
+                                                      {"seconds": 120.0, "started": started}]))
     (out / "logs").mkdir()
     (out / "logs" / "pretraining-ltr.seed43.log").write_text(
         "$ launch\nstep 1 of 6\n$ launch\nresumed from checkpoints/step-3 at step 3\nstep 4 of 6\n")
@@ -1079,20 +1079,36 @@ def test_status_reads_where_a_study_stands_from_its_folder_alone(data, tmp_path,
     assert printed[5] == "  bi.seed43   not started         0  its first 3 steps are ltr.seed43's"
     assert printed[6] == "fine-tuning grids: compare: 1 of 4 done, 1 under way; curve: 0 of 2 done, 1 under way (2 " \
                          "trials finished)"
-    # the launch under way before the line naming its first step: no pace of its own yet (the finished ltr's)
-    (out / "logs" / "pretraining-ltr.seed43.log").write_text("$ launch\nresumed from x at step 3\n$ launch\n")
+    # a launch in its first two minutes has no pace of its own yet (the finished ltr's); past them, the step it
+    # began at is its timing entry's from_step where the launcher wrote one, else its log's line, else step 0
+    timing = json.loads((under_way / "timing.json").read_text())
     with variant_lock(out, "ltr.seed43"):
+        (under_way / "timing.json").write_text(json.dumps(timing[:1] + [{"seconds": 60.0}]))
         assert study_status(path, out)["pace"]["ltr"] == {"seconds_per_step": 100.0, "from": "the finished runs"}
+        (under_way / "timing.json").write_text(json.dumps(timing[:1] + [{"seconds": 120.0, "from_step": 2}]))
+        assert study_status(path, out)["runs"][2]["steps_per_minute"] == 1.0  # steps 2 to 4 in two minutes
+        (out / "logs" / "pretraining-ltr.seed43.log").write_text("$ launch\nresumed from x at step 3\n$ launch\n")
+        (under_way / "timing.json").write_text(json.dumps(timing[:1] + [{"seconds": 240.0}]))
+        assert study_status(path, out)["runs"][2]["steps_per_minute"] == 1.0  # from step 0: 4 steps in four minutes
+    # a holder on another machine trains the run while its timing.json is kept fresh (never probed from here)
+    lock = out / "pretraining" / ".ltr.seed43.lock"
+    lock.write_text(json.dumps({"pid": 1, "host": "another-machine", "since": "then"}))
+    assert study_status(path, out)["runs"][2]["state"] == "training"
+    os.utime(under_way / "timing.json", (time.time() - 600, time.time() - 600))
+    assert study_status(path, out)["runs"][2]["state"] == "stopped"
     # a holder line left by a process that died (killed before it let go): no process on the run
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    lock = out / "pretraining" / ".ltr.seed43.lock"
+    os.utime(under_way / "timing.json")
     lock.write_text(json.dumps({"pid": int(dead.stdout), "host": os.uname().nodename, "since": "then"}))
     assert study_status(path, out)["runs"][2]["state"] == "stopped"
-    # bi trained its first steps itself (no started_from.json): its snapshot is a grid of its own; with bi first in
-    # the curve's order, the copies' grids are bi's
+    # bi trained its first steps itself (no started_from.json, nor in its record): its snapshot is a grid of its own;
+    # a run installed from another machine has only its record's; with bi first in the curve's order, the copies'
+    # grids are bi's
     (runs / "bi" / "started_from.json").unlink()
+    (runs / "bi" / "pretrain_results.json").write_text(json.dumps({"step": 6}))
     assert study_status(path, out)["grids"]["curve"]["grids"] == 3
-    (runs / "bi" / "started_from.json").write_text("{}")
+    (runs / "bi" / "pretrain_results.json").write_text(json.dumps({"step": 6, "started_from": {"step": 3}}))
+    assert study_status(path, out)["grids"]["curve"]["grids"] == 2
     (out / "curve" / "rte" / "bi@3").mkdir()
     (out / "curve" / "rte" / "bi@3" / "best_trial.json").write_text("{}")
     first = tmp_path / "bi-first"
@@ -1142,20 +1158,35 @@ def test_status_counts_a_biphasic_run_whole_when_its_donors_checkpoint_is_gone_a
     (runs / "bi" / "timing.json").write_text(json.dumps([{"seconds": 590.0, "started": started}]))
     log = tmp_path / "bi.log"
     log.write_text("$ launch\nstarted from ltr/checkpoints/step-3 at step 3 (another run's checkpoint)\n")
-    seconds, steps = current_launch(runs / "bi", log, True)
-    assert steps == 2 and 600 <= seconds < 660
+    seconds, steps = current_launch(runs / "bi", log)
+    assert steps == 2 and 590 <= seconds < 650
 
     assert main(["ablation", str(path), "--output_dir", str(out), "--status", "--variant", "bi"]) == 2
     assert "--status reads the folder only" in capsys.readouterr().err
-    for record, recipe, why in (("pretraining-ltr.json", {"max_steps": 8, "seed": 42}, "max_steps 8 (the study: 6)"),
-                                ("pretraining-mlm.json", {"max_steps": 6}, "a run the study does not have")):
-        (out / "stages" / record).write_text(json.dumps({"settings": {"recipe": recipe}}))
+    for records, why in (({"ltr": {"max_steps": 8, "seed": 42}}, "pretraining-ltr.json: max_steps 8 (the study: 6)"),
+                         ({"mlm": {"max_steps": 6}}, "its runs (mlm) are none of this study's (ltr, bi)")):
+        for name, recipe in records.items():
+            (out / "stages" / f"pretraining-{name}.json").write_text(json.dumps({"settings": {"recipe": recipe}}))
         assert run(path, "--output_dir", out, "--status") == 2
-        assert f"{record}: {why}; expected the folder this study file made" in capsys.readouterr().err
-        (out / "stages" / record).unlink()
+        assert f"{why}; expected the folder this study file made" in capsys.readouterr().err
+        for name in records:
+            (out / "stages" / f"pretraining-{name}.json").unlink()
+    # beside a record of one of its runs, a run since left out of the file is named, not refused (the study resumes)
+    for name in ("ltr", "mlm"):
+        (out / "stages" / f"pretraining-{name}.json").write_text(json.dumps({"settings": {"recipe": {"max_steps": 6}}}))
+    assert study_status(path, out)["other_runs"] == ["mlm"]
     (runs / "ltr" / "pretrain_results.json").write_text(json.dumps({"step": 8}))
     assert run(path, "--output_dir", out, "--status") == 2
     assert "pretraining/ltr is a finished run of 8 steps, not the study's 6" in capsys.readouterr().err
+    # the donor not finished, short of the switch: bi will start from its checkpoint when the study trains ltr
+    # first (listed first, or held by a process), not when it comes to bi before ltr
+    shutil.rmtree(runs / "ltr")
+    assert study_status(path, out)["runs"][1]["starts_from"] == {"run": "ltr", "step": 3}
+    raw = yaml.safe_load(path.read_text())
+    raw["variants"] = {"bi": raw["variants"]["bi"], "ltr": raw["variants"]["ltr"]}
+    (tmp_path / "bi-first").mkdir()
+    (tmp_path / "bi-first" / "study.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    assert "starts_from" not in study_status(tmp_path / "bi-first" / "study.yaml", out)["runs"][0]
 
 
 def test_a_variant_run_trains_its_free_runs_first_and_a_biphasic_run_waits_for_its_donors_checkpoint(
@@ -1173,7 +1204,7 @@ def test_a_variant_run_trains_its_free_runs_first_and_a_biphasic_run_waits_for_i
     monkeypatch.setattr(launch, "recipe_overrides", lambda study, name, data, run, steps, **_: {
         "output_dir": str(run), "max_steps": steps, "snapshot_steps": "3", "train_data": "-", "tokenizer": "-",
         "warmup_steps": 0, "phase1_fraction": 1})
-    monkeypatch.setattr(launch, "launch_recipe", lambda overrides, log, timing: launched.append(
+    monkeypatch.setattr(launch, "launch_recipe", lambda overrides, log, timing, **_: launched.append(
         (Path(overrides["output_dir"]).name, overrides.get("start_from_checkpoint"))) or 1.0)
     checkpoint = out / "pretraining" / "ltr" / "checkpoints" / "step-3"
 

@@ -53,10 +53,10 @@ def config_value(overrides: dict, key: str):
     return getattr(load_pretrain_config(None, [f"{k}={v}" for k, v in overrides.items()]), key)
 
 
-def launch_recipe(overrides: dict, log: Path, timing: Path | None = None) -> float:
+def launch_recipe(overrides: dict, log: Path, timing: Path | None = None, first_step: int | None = None) -> float:
     """`accelerate launch recipes/pretrain.py KEY=VALUE...` with its output in `log`; returns its wall seconds. A
-    failure is an error naming the log, after its last lines. `timing` (a list of {seconds, started, finished})
-    gets this launch's entry at once and its seconds every TIMING_EVERY while it runs, so a run killed with its
+    failure is an error naming the log, after its last lines. `timing` (a list of {seconds, started, finished,
+    from_step: `first_step`, the step it resumes from}) gets this launch's entry at once and its seconds every TIMING_EVERY while it runs, so a run killed with its
     caller (the end of a session) still counts the time it spent; a launch stopped with the study says so."""
     recipe = Path(__file__).resolve().parents[3] / "recipes" / "pretrain.py"
     if not recipe.is_file():
@@ -72,7 +72,8 @@ def launch_recipe(overrides: dict, log: Path, timing: Path | None = None) -> flo
     env = {**os.environ, "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1"), "TOKENIZERS_PARALLELISM": "false"}
     started = time.time()
     earlier = json.loads(timing.read_text()) if timing is not None and timing.is_file() else []
-    entry = {"seconds": 0.0, "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+    entry = {"seconds": 0.0, "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+             **({"from_step": first_step} if first_step is not None else {})}  # where it resumes (its pace: --status)
 
     def record(done: bool, stopped: bool = False) -> None:
         if timing is not None:

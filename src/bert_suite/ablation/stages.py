@@ -628,7 +628,8 @@ def pretrain(study: Study, out: Path, data: dict[str, Data], steps: int, only: l
                 progress.stage("pretraining", f"{name} ({number + 1} of {len(todo)}: {', '.join(todo[number:])} to go; "
                                f"{steps:,} steps each{f', this one from step {first:,}' if first else ''}); "
                                + progress.left(estimate))
-                seconds = launch_recipe(overrides, out / "logs" / f"pretraining-{name}.log", run / "timing.json")
+                seconds = launch_recipe(overrides, out / "logs" / f"pretraining-{name}.log", run / "timing.json",
+                                        first_step=first)
                 total = pace.setdefault(chosen[name].variant, [0.0, 0])
                 total[0], total[1] = total[0] + seconds, total[1] + max(steps - first, 1)
         progress.stage("pretraining", f"{name} done ({steps:,} steps, {minutes_of(run):.1f} minutes)")

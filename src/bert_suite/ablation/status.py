@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from .finetune import checkpoints_of, fine_tuning_config, tagger_settings
-from .locks import held_elsewhere, holder, variant_lock_path
+from .locks import holder, variant_lock_path
 from .stages import Progress, finished_steps, measured_pace, minutes_of, resume_step, run_starts, seconds_left
 from .study import AblationError, Study, load_study
 
@@ -32,7 +32,7 @@ def study_status(path: str | Path, output_dir: str | Path) -> dict:
     steps = planned_steps(study, out)
     every = {run.name: run for run in study.runs()}
     paths = {name: out / "pretraining" / name for name in every}
-    check_folder(study, out, steps, every)
+    others = check_folder(study, out, steps, every)
     starts = expected_starts(study, out, steps, paths) if steps else {}
     runs, left, recent = [], [], {}
     for name, run in every.items():
@@ -44,16 +44,16 @@ def study_status(path: str | Path, output_dir: str | Path) -> dict:
         else:
             checkpoint = resume_step(folder, 0)
             step = max(checkpoint, last_logged_step(folder))
-            by = lock_holder(lock)
+            by = lock_holder(lock, folder)
             entry.update(state="training" if by else "stopped" if step else "not started", step=step,
                          checkpoint=checkpoint)
             if by:
                 entry["by"] = by
-                launch = current_launch(folder, out / "logs" / f"pretraining-{name}.log",
-                                        bool(checkpoint) or name in starts)
+                launch = current_launch(folder, out / "logs" / f"pretraining-{name}.log")
                 if launch is not None:
                     entry["steps_per_minute"] = round(launch[1] / launch[0] * 60, 1)
-                    recent[run.variant] = list(launch)
+                    total = recent.setdefault(run.variant, [0.0, 0])  # two runs of a variant side by side: both
+                    total[0], total[1] = total[0] + launch[0], total[1] + launch[1]
             if name in starts and not checkpoint:
                 entry["starts_from"] = {"run": starts[name][0], "step": starts[name][1]}
             if steps:
@@ -66,6 +66,7 @@ def study_status(path: str | Path, output_dir: str | Path) -> dict:
                                "from": "the run under way" if variant in recent else "the finished runs"}
                      for variant, (seconds, count) in pace.items() if count > 0},
             "grids": grid_status(grid_folders(study, out, steps, starts), study), "left_out": list(study.left_out),
+            "other_runs": others,
             "record": (out / "ablation.json").is_file()}
 
 
@@ -100,34 +101,49 @@ def last_logged_step(run: Path) -> int:
 
 
 PACE_AFTER = 120  # seconds a launch runs before its own pace is taken (it loads, resumes, then trains)
+LOG_TAIL = 8 << 20  # bytes of a recipe's log read for the step a launch began at (an older timing entry)
 
 
-def current_launch(run: Path, log: Path, resumes: bool) -> tuple[float, int] | None:
-    """(seconds, steps) of the run's launch under way: the time since it started (timing.json's entry) and the
-    steps it logged since the step it resumed or started from, which its log names; None in its first
-    PACE_AFTER seconds, before it logged a step, before the line that names its first step where it will print
-    one (`resumes`: it has a checkpoint or starts from another run's), or when the last launch finished."""
+def current_launch(run: Path, log: Path) -> tuple[float, int] | None:
+    """(seconds, steps) of the run's launch under way: its timing.json entry's seconds brought up to now (the
+    launcher rewrites it every TIMING_EVERY), and the steps logged since the step it began at: the entry's
+    `from_step`, else the "resumed from" / "started from ... at step N" line of its log, else (past PACE_AFTER
+    with neither) step 0. None in its first PACE_AFTER seconds, before it logged a step, when its log no longer
+    holds its start within LOG_TAIL, or when the last launch finished."""
     try:
-        launch = json.loads((run / "timing.json").read_text())[-1]
-        seconds = time.time() - time.mktime(time.strptime(launch["started"], "%Y-%m-%d %H:%M:%S"))
-        with open(log, "rb") as handle:
-            handle.seek(0, 2)
-            handle.seek(max(0, handle.tell() - (8 << 20)))
-            text = handle.read().decode("utf-8", "replace")
-    except (OSError, ValueError, IndexError, KeyError, TypeError, OverflowError):
+        timing = run / "timing.json"
+        launch = json.loads(timing.read_text())[-1]
+        seconds = float(launch["seconds"]) + max(0.0, time.time() - timing.stat().st_mtime)
+    except (OSError, ValueError, IndexError, KeyError, TypeError):
         return None
-    text = text[text.rfind("\n$ ") + 1:] if "\n$ " in text else text
-    first = re.search(r"^(?:resumed|started) from .* at step (\d+)", text, re.MULTILINE)
-    if "finished" in launch or seconds < PACE_AFTER or (resumes and first is None):
+    if "finished" in launch or seconds < PACE_AFTER:
         return None
-    steps = last_logged_step(run) - (int(first.group(1)) if first else 0)
+    first = launch.get("from_step")
+    if first is None:
+        try:
+            with open(log, "rb") as handle:
+                handle.seek(0, 2)
+                start = max(0, handle.tell() - LOG_TAIL)
+                handle.seek(start)
+                text = handle.read().decode("utf-8", "replace")
+        except OSError:
+            return None
+        header = text.rfind("\n$ ") + 1 if "\n$ " in text else (0 if start == 0 and text.startswith("$ ") else -1)
+        if header < 0:
+            return None  # the launch's first lines are further back than the tail read
+        found = re.search(r"^(?:resumed|started) from .* at step (\d+)", text[header:], re.MULTILINE)
+        first = int(found.group(1)) if found else 0
+    steps = last_logged_step(run) - int(first)
     return (seconds, steps) if steps > 0 else None
 
 
-def lock_holder(path: Path) -> str | None:
-    """Who holds a run's lock, read from the holder line the lock writes (and empties when let go), without
-    taking it (a study deciding whether to pass the run over must never see it held by this reader): a process
-    on this machine counts while it lives; one on another machine, by the lock's own probe."""
+def lock_holder(path: Path, run: Path) -> str | None:
+    """Who trains the run, from its lock's holder line (written when taken, emptied when let go), never taking the
+    lock (a study deciding whether to pass a run over must not see it held by this reader): a process on this
+    machine while it lives; one on another machine while the run's timing.json is kept fresh (its launcher rewrites
+    it every TIMING_EVERY seconds)."""
+    from .launch import TIMING_EVERY
+
     try:
         found = json.loads(path.read_text() or "{}")
     except (OSError, ValueError):
@@ -142,52 +158,72 @@ def lock_holder(path: Path) -> str | None:
         except (PermissionError, KeyError, TypeError, ValueError):
             pass
         return holder(path)
-    return holder(path) if held_elsewhere(path) else None
+    try:
+        launch = json.loads((run / "timing.json").read_text())[-1]
+        fresh = time.time() - (run / "timing.json").stat().st_mtime < 3 * TIMING_EVERY
+    except (OSError, ValueError, IndexError, TypeError):
+        return None
+    return holder(path) if fresh and "finished" not in launch else None
 
 
-def check_folder(study: Study, out: Path, steps: int | None, every: dict) -> None:
-    """The folder is this study's: each run's stage record names the study's steps and the run's seed, a finished
-    run has those steps, and no record is of a run the study does not have (another study file, or this one
-    changed: the study itself would refuse to resume)."""
+def check_folder(study: Study, out: Path, steps: int | None, every: dict) -> list[str]:
+    """The folder is this study's: each of its runs' stage records names the study's steps and the run's seed, a
+    finished run has those steps, and some record is of one of its runs where there are records (another study
+    file, or this one changed in a way its runs would refuse). Returns the runs recorded here that the study does
+    not have (a variant or seed since left out of the file: the study leaves them be)."""
+    records, others = {}, []
     for record in sorted((out / "stages").glob("pretraining-*.json")):
         name = record.stem.removeprefix("pretraining-")
         try:
-            recipe = json.loads(record.read_text())["settings"]["recipe"]
+            records[name] = json.loads(record.read_text())["settings"]["recipe"]
         except (OSError, ValueError, KeyError, TypeError):
             continue
-        wanted = {"max_steps": steps, "seed": every[name].seed} if name in every else {}
-        differ = [f"{k} {recipe.get(k)} (the study: {v})" for k, v in wanted.items()
-                  if v is not None and k in recipe and recipe[k] != v]
-        if name not in every or differ:
-            why = "a run the study does not have" if name not in every else ", ".join(differ)
-            raise AblationError(f"--output_dir {out}: {record.name}: {why}; expected the folder this study file "
-                                f"made ({study.path})")
+        if name not in every:
+            others.append(name)
+            continue
+        wanted = {"max_steps": steps, "seed": every[name].seed}
+        differ = [f"{k} {records[name].get(k)} (the study: {v})" for k, v in wanted.items()
+                  if v is not None and k in records[name] and records[name][k] != v]
+        if differ:
+            raise AblationError(f"--output_dir {out}: {record.name}: {', '.join(differ)}; expected the folder this "
+                                f"study file made ({study.path})")
+    if records and len(others) == len(records):
+        raise AblationError(f"--output_dir {out}: its runs ({', '.join(others)}) are none of this study's "
+                            f"({', '.join(every)}); expected the folder this study file made ({study.path})")
     for name in every:
         done = finished_steps(out / "pretraining" / name)
         if steps is not None and done is not None and done != steps:
             raise AblationError(f"--output_dir {out}: pretraining/{name} is a finished run of {done:,} steps, not "
                                 f"the study's {steps:,}; expected the folder this study file made ({study.path})")
+    return others
 
 
 def expected_starts(study: Study, out: Path, steps: int, paths: dict[str, Path]) -> dict[str, tuple[str, int]]:
-    """`run_starts` less the starts that will not happen (`reused_start`'s conditions): a run already past them
-    keeps its own; a run not started takes its donor's checkpoint at the switch where it is written, with the
-    donor's snapshots up to it, or where the donor, short of the switch, will write them."""
-    from .stages import finished_steps as finished
-
+    """`run_starts` less the starts that did not or will not happen (`pretrain`, `reused_start`): a run that began
+    from its donor's checkpoint (its started_from.json, or a finished run's record) keeps it; one with steps of its
+    own does not; one not started takes the donor's checkpoint at the switch where it is written with the donor's
+    snapshots up to it, or where the donor, short of the switch, is trained first (held by a process, or before
+    it in the study's order) and will write them."""
+    order = [run.name for run in study.runs()]
+    variant_of = {run.name: run.variant for run in study.runs()}
     found = {}
     for name, (donor, step) in run_starts(study, steps).items():
-        variant, source = (next(r.variant for r in study.runs() if r.name == n) for n in (name, donor))
         wanted = [s for s in study.pretraining.checkpoints if s <= step and s < steps] \
-            if variant in study.curve_variants else []
-        if (paths[name] / "started_from.json").is_file():
+            if variant_of[name] in study.curve_variants else []
+        if finished_steps(paths[name]) is not None:
+            results = json.loads((paths[name] / "pretrain_results.json").read_text())
+            if (paths[name] / "started_from.json").is_file() or results.get("started_from"):
+                found[name] = (donor, step)
+        elif (paths[name] / "started_from.json").is_file():
             found[name] = (donor, step)
-        elif resume_step(paths[name], 0) or (wanted and source not in study.curve_variants):
+        elif resume_step(paths[name], 0) or (wanted and variant_of[donor] not in study.curve_variants):
             continue  # its own steps, or a donor with no snapshots to copy: it trains them itself
         elif (paths[donor] / "checkpoints" / f"step-{step}" / "progress.json").is_file():
             if all((paths[donor] / "snapshots" / f"step-{s}" / "config.json").is_file() for s in wanted):
                 found[name] = (donor, step)
-        elif finished(paths[donor]) is None and resume_step(paths[donor], 0) < step:
+        elif finished_steps(paths[donor]) is None and resume_step(paths[donor], 0) < step and (
+                order.index(donor) < order.index(name)
+                or lock_holder(variant_lock_path(out, donor), paths[donor]) is not None):
             found[name] = (donor, step)
     return found
 
@@ -313,6 +349,8 @@ def format_status(status: dict) -> str:
              for kind, g in grids.items() if g["grids"]]
     trials = sum(g["trials"] for g in grids.values())
     lines.append(f"fine-tuning grids: {'; '.join(parts)} ({trials:,} trials finished)")
+    if status["other_runs"]:
+        lines.append(f"recorded here, not in the study file: {', '.join(status['other_runs'])}")
     if status["left_out"]:
         lines.append(f"left out (their data is not found from this shell): {', '.join(status['left_out'])}")
     lines.append("record: " + ("written (ablation.json)" if status["record"] else
