@@ -1072,6 +1072,14 @@ def test_status_reads_where_a_study_stands_from_its_folder_alone(data, tmp_path,
     printed = capsys.readouterr().out.splitlines()
     assert run(path, "--output_dir", out, "--status", "json") == 0  # the same, as one JSON object for scripts
     assert json.loads(capsys.readouterr().out) == status
+    assert run(path, "--output_dir", out, "--status") == 0
+    unheld = capsys.readouterr().out
+    assert main(["ablation", "--status", str(path), "--output_dir", str(out)]) == 0  # --status before the file
+    assert capsys.readouterr().out == unheld
+    assert main(["ablation", "--status", "json", str(path), "--output_dir", str(out)]) == 0
+    assert json.loads(capsys.readouterr().out) == status
+    assert main(["ablation", "--status", "html", str(path), "--output_dir", str(out)]) == 2  # a format it lacks
+    assert "invalid choice: 'html'" in capsys.readouterr().err
     assert printed[1] == ("pre-training, 6 steps a run: 2 of 4 runs done; about 7 min of pre-training left in all "
                           "(runs side by side share it; at the pace of each variant's run under way, else of its "
                           "finished runs)")

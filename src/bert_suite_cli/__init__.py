@@ -482,6 +482,19 @@ def _plain_negative_numbers(argv: list[str]) -> list[str]:
     return out
 
 
+def _status_before_study(argv: list[str]) -> list[str]:
+    """`ablation --status STUDY.yaml ...`: --status takes an optional word (text or json), so argparse would take
+    the study file for it and refuse it as a format; a study file there (a .yaml name, or a file) is the study,
+    and --status the text form. Any other word is left to argparse, which names the formats."""
+    if "ablation" not in argv or "--status" not in argv:
+        return argv
+    at = argv.index("--status")
+    word = argv[at + 1] if at + 1 < len(argv) else ""
+    if word not in ("text", "json") and (word.endswith((".yaml", ".yml")) or os.path.isfile(word)):
+        return argv[:at] + ["--status=text"] + argv[at + 1:]
+    return argv
+
+
 def _give_back_flag_value(args: argparse.Namespace, argv: list[str], rest: list[str]) -> None:
     """TASK is optional (a card-less run names its files instead), so argparse takes the first stray word for
     it, e.g. the 1e-3 of `finetune --train_file f.csv --learning_rate 1e-3` (a TrainingArguments flag it does
@@ -500,7 +513,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run `bert-suite ARGS`; returns the exit status (2: a usage or input error, printed as one line; with
     --debug or BERT_SUITE_DEBUG=1 an input error raises, its traceback shown)."""
     parser = build_parser()
-    argv = _plain_negative_numbers(sys.argv[1:] if argv is None else list(argv))
+    argv = _status_before_study(_plain_negative_numbers(sys.argv[1:] if argv is None else list(argv)))
     try:  # argparse prints its usage and message, then exits; return that status instead
         args, rest = parser.parse_known_args(argv)
         args.argv = argv  # what `grid --gpus` starts its workers with

@@ -409,6 +409,19 @@ def plan_steps(study: Study, out: Path, data: dict[str, Data], progress: Progres
 # ------------------------------------------------------------------------------------------- pre-training
 
 
+def donor_checkpoint(donor: Path, step: int) -> Path | None:
+    """The donor run's (`donor`: its folder) complete checkpoint at `step`, which a biphasic run starts from; None
+    when it is not written (yet, or the donor passed that step without keeping it)."""
+    checkpoint = donor / "checkpoints" / f"step-{step}"
+    return checkpoint if (checkpoint / "progress.json").is_file() else None
+
+
+def missing_snapshots(donor: Path, steps: list[int]) -> list[int]:
+    """The steps of `steps` at which the donor run (`donor`: its folder) has no snapshot for a run starting from
+    its checkpoint to copy."""
+    return [s for s in steps if not (donor / "snapshots" / f"step-{s}" / "config.json").is_file()]
+
+
 def reused_start(name: str, donor: str, step: int, runs: dict[str, Path], overrides: dict,
                  progress: Progress) -> Path | None:
     """The donor's checkpoint at `step` for variant `name` to start from, with the donor's snapshots of the
@@ -416,11 +429,11 @@ def reused_start(name: str, donor: str, step: int, runs: dict[str, Path], overri
     has no such checkpoint yet or lacks one of those snapshots."""
     from ..pretraining.config import load_pretrain_config
 
-    checkpoint = runs[donor] / "checkpoints" / f"step-{step}"
+    checkpoint = donor_checkpoint(runs[donor], step)
     wanted = [s for s in load_pretrain_config(None, [f"{k}={v}" for k, v in overrides.items()]).snapshot_steps
               if s <= step]
-    missing = [s for s in wanted if not (runs[donor] / "snapshots" / f"step-{s}" / "config.json").is_file()]
-    if not (checkpoint / "progress.json").is_file() or missing:
+    missing = missing_snapshots(runs[donor], wanted)
+    if checkpoint is None or missing:
         why = f"no complete checkpoint at step {step:,}" if not missing else f"no snapshot at step {missing[0]:,}"
         progress.stage("pretraining", f"{name}: its first {step:,} steps are {donor}'s, but {donor} has {why} (not "
                        f"there yet, or {donor} passed that step before the study had {name}): trained here")
@@ -566,7 +579,7 @@ def passed_over(out: Path, name: str, starts: dict[str, tuple[str, int]]) -> boo
         return False
     donor, step = starts[name]
     return (held_elsewhere(variant_lock_path(out, donor))
-            and not (out / "pretraining" / donor / "checkpoints" / f"step-{step}" / "progress.json").is_file())
+            and donor_checkpoint(out / "pretraining" / donor, step) is None)
 
 
 def pretrain(study: Study, out: Path, data: dict[str, Data], steps: int, only: list[str] | None,

@@ -14,7 +14,8 @@ from pathlib import Path
 
 from .finetune import checkpoints_of, fine_tuning_config, tagger_settings
 from .locks import holder, variant_lock_path
-from .stages import Progress, finished_steps, measured_pace, minutes_of, resume_step, run_starts, seconds_left
+from .stages import (Progress, donor_checkpoint, finished_steps, measured_pace, minutes_of, missing_snapshots,
+                     resume_step, run_starts, seconds_left)
 from .study import AblationError, Study, load_study
 
 
@@ -218,8 +219,8 @@ def expected_starts(study: Study, out: Path, steps: int, paths: dict[str, Path])
             found[name] = (donor, step)
         elif resume_step(paths[name], 0) or (wanted and variant_of[donor] not in study.curve_variants):
             continue  # its own steps, or a donor with no snapshots to copy: it trains them itself
-        elif (paths[donor] / "checkpoints" / f"step-{step}" / "progress.json").is_file():
-            if all((paths[donor] / "snapshots" / f"step-{s}" / "config.json").is_file() for s in wanted):
+        elif donor_checkpoint(paths[donor], step) is not None:
+            if not missing_snapshots(paths[donor], wanted):
                 found[name] = (donor, step)
         elif finished_steps(paths[donor]) is None and resume_step(paths[donor], 0) < step and (
                 order.index(donor) < order.index(name)
