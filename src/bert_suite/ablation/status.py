@@ -14,8 +14,17 @@ from pathlib import Path
 
 from .finetune import checkpoints_of, fine_tuning_config, tagger_settings
 from .locks import holder, variant_lock_path
-from .stages import (Progress, donor_checkpoint, finished_steps, measured_pace, minutes_of, missing_snapshots,
-                     resume_step, run_starts, seconds_left)
+from .stages import (
+    Progress,
+    donor_checkpoint,
+    finished_steps,
+    measured_pace,
+    minutes_of,
+    missing_snapshots,
+    resume_step,
+    run_starts,
+    seconds_left,
+)
 from .study import AblationError, Study, load_study
 
 
