@@ -396,6 +396,58 @@ def test_masked_positions_only_gives_the_same_loss_for_less_work():
         assert logits.shape == (4, 50) and torch.allclose(logits, dense_logits[labels != -100], atol=1e-6)
 
 
+def test_the_cpu_training_paths_cross_entropy_gives_the_losses_gradients_and_statistics_of_the_reference():
+    """The CPU training path's MLM loss (SummedCrossEntropy: the gradient made in the forward pass) against
+    F.cross_entropy: the loss, the weights' gradients, in fp32 and bf16 autocast, summed and mean; and the logged
+    statistics against log-softmax and argmax."""
+    import torch.nn.functional as F
+
+    from bert_suite.modeling_bert_suite import SummedCrossEntropy
+    from bert_suite.pretraining.step import batch_stats
+
+    torch.manual_seed(0)
+    model = BertSuiteForPreTraining(BertSuiteConfig.from_preset("tiny", vocab_size=300, use_nsp=False)).eval()
+    ids = torch.randint(5, 300, (4, 16))
+    labels = torch.where(torch.rand(4, 16) < 0.5, torch.roll(ids, -1, 1), -100)
+    for autocast in (False, True):
+        grads, losses = [], []
+        for positions_only in (False, True):  # the dense path is F.cross_entropy's; the other SummedCrossEntropy's
+            model.zero_grad()
+            with torch.autocast("cpu", torch.bfloat16, enabled=autocast):
+                out = model(input_ids=ids, labels=labels, masked_positions_only=positions_only,
+                            num_items_in_batch=torch.tensor(50.0))
+            out.loss.backward()
+            losses.append(out.loss.detach())
+            grads.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]))
+        tolerance = 2e-2 if autocast else 1e-5  # bf16 logits: the two paths round their own sums
+        assert abs(float(losses[0] - losses[1])) < tolerance * float(losses[0].abs())
+        assert float((grads[0] - grads[1]).abs().max()) <= tolerance * float(grads[0].abs().max())
+    # the function alone, where the arithmetic is all its own: summed and mean losses, gradient, bf16 in and out
+    logits = torch.randn(30, 300, requires_grad=True)
+    targets = torch.randint(0, 300, (30,))
+    reference = F.cross_entropy(logits, targets, reduction="sum")
+    (expected,) = torch.autograd.grad(reference * 3, logits)
+    loss = SummedCrossEntropy.apply(logits, targets)
+    (grad,) = torch.autograd.grad(loss * 3, logits)
+    assert torch.allclose(loss, reference, rtol=1e-6) and torch.allclose(grad, expected, atol=1e-6)
+    half = logits.detach().bfloat16().requires_grad_()
+    loss = SummedCrossEntropy.apply(half, targets)
+    (grad,) = torch.autograd.grad(loss, half)
+    assert grad.dtype == torch.bfloat16 and torch.allclose(loss, F.cross_entropy(half.float(), targets,
+                                                                                 reduction="sum"), rtol=1e-5)
+    # the statistics: the loss of the labelled positions, and argmax's correct count (no exact ties here)
+    logits = torch.randn(2, 7, 300)
+    labels = torch.randint(0, 300, (2, 7))
+    labels[0, :3] = -100
+    labels[1, 4] = logits[1, 4].argmax()  # one right answer at least
+    stats = batch_stats(type("Out", (), {"prediction_logits": logits, "seq_relationship_logits": None})(),
+                        {"labels": labels})
+    flat, target = logits.reshape(-1, 300), labels.reshape(-1)
+    assert torch.allclose(stats["mlm_loss"], F.cross_entropy(flat, target, ignore_index=-100, reduction="sum"))
+    assert int(stats["mlm_correct"]) == int(((flat.argmax(-1) == target) & (target != -100)).sum()) >= 1
+    assert int(stats["mlm_count"]) == 11
+
+
 def test_unpadding_is_skipped_when_padding_is_rare():
     """Below UNPAD_MIN_PADDING the padded computation runs (padding rows equal stock's, not zeros)."""
     from bert_suite.modeling_bert_suite import UNPAD_MIN_PADDING, Unpadded

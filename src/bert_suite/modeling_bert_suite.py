@@ -443,6 +443,35 @@ def scores_in_fp32(layer: nn.Linear, hidden_states):
         return layer(hidden_states.float())
 
 
+class SummedCrossEntropy(torch.autograd.Function):
+    """The summed cross-entropy of `logits` (n, vocab) at `targets` (n,), its gradient made in the forward pass
+    (softmax minus one-hot, kept in place of the log-probabilities): the CPU training path's MLM loss.
+    `F.cross_entropy` writes the log-probabilities, then in backward fills a zero gradient, scatters into it and
+    runs log-softmax's backward: six passes over (n, vocab) floats where this makes four. On the CPU these passes
+    are a large share of a step when every position is predicted (the left-to-right objective: 6,000 positions
+    x 8,192 pieces a tiny model's step, where the vocabulary projection is most of the arithmetic). The same
+    loss and gradient up to rounding (tests/test_modeling.py); once differentiable (the gradient is scaled in
+    place)."""
+
+    @staticmethod
+    def forward(ctx, logits, targets):
+        x = logits.float()
+        top = x.amax(-1, keepdim=True)
+        grad = torch.sub(x, top).exp_()
+        total = grad.sum(-1, keepdim=True)
+        picked = x.gather(1, targets[:, None])
+        grad.div_(total).scatter_add_(1, targets[:, None], torch.full_like(picked, -1.0))
+        ctx.save_for_backward(grad)
+        ctx.dtype = logits.dtype
+        return (top + total.log() - picked).sum()
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_output):
+        (grad,) = ctx.saved_tensors
+        return grad.mul_(grad_output).to(ctx.dtype), None
+
+
 def masked_lm_logits_and_loss(head, sequence_output, labels, masked_positions_only=False, num_items_in_batch=None,
                               masked_positions=None):
     """MLM logits at every position (the stock contract) and the mean cross-entropy over the
@@ -471,7 +500,12 @@ def masked_lm_logits_and_loss(head, sequence_output, labels, masked_positions_on
     elif masked_positions_only and labels is not None:
         chosen = labels != -100
         logits = head(sequence_output[chosen])
-        loss = F.cross_entropy(logits, labels[chosen], reduction=reduction)
+        targets = labels[chosen]
+        if logits.device.type == "cpu" and logits.requires_grad and not torch.compiler.is_compiling():
+            loss = SummedCrossEntropy.apply(logits, targets)
+            loss = loss if reduction == "sum" else loss / len(targets)
+        else:
+            loss = F.cross_entropy(logits, targets, reduction=reduction)
     else:
         logits = head(sequence_output)
         loss = None
