@@ -361,3 +361,15 @@ def test_pipeline_scale_summary_checks_the_goals_from_the_rows():
                                         "worker_memory_ratio_large_over_small": 1.05}
     assert summary["instances_parallel_efficiency_zipf_100mb"] == 0.875
     assert "instances_np1" not in summary  # one size only: no slope
+
+
+def test_objective_step_times_each_objective_on_the_recipes_cpu_path_and_it_learns_its_batch():
+    import objective_step
+
+    rows = objective_step.main(["--steps", "3", "--vocab_size", "300", "--batch_size", "4", "--seq_len", "16"])
+    causal, masked = rows
+    assert (causal["objective"], masked["objective"]) == ("causal", "mlm_nsp")
+    assert causal["positions"] > 2 * masked["positions"] > 0  # every real token against about 15.6% of them
+    for row in rows:
+        assert row["seconds_a_step"] > 0 and len(row["losses"]) == 3
+        assert row["losses"][-1] < row["losses"][0]  # the same batch three times: its loss falls
