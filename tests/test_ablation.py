@@ -633,6 +633,33 @@ def test_a_launch_counts_its_time_while_it_runs_so_a_killed_session_keeps_it(tmp
     assert minutes_of(tmp_path) == pytest.approx((60 + done[1]["seconds"]) / 60)
 
 
+def test_a_launch_stopped_with_sigstop_or_a_sleeping_machine_does_not_count_that_time(tmp_path, monkeypatch):
+    """A gap of 1,000 s between two of the launcher's updates (SIGSTOP, a suspended machine: the clock jumps while
+    nothing runs) is left out of the launch's seconds, beyond one update's interval, and named in the entry."""
+    import time
+    from types import SimpleNamespace
+
+    from bert_suite.ablation import launch
+
+    real = subprocess.Popen
+    jump = {"at": time.time() + 0.3, "by": 1000.0}
+    monkeypatch.setattr(launch, "time", SimpleNamespace(
+        time=lambda: time.time() + (jump["by"] if time.time() > jump["at"] else 0.0), strftime=time.strftime))
+    monkeypatch.setattr(launch, "TIMING_EVERY", 0.05)
+    monkeypatch.setattr(launch, "PAUSED_AFTER", 5)
+    monkeypatch.setattr(launch, "_cuda", lambda: False)
+    monkeypatch.setattr(launch.subprocess, "Popen",  # the recipe: 0.8 s of work
+                        lambda cmd, **kw: real([sys.executable, "-c", "import time; time.sleep(0.8)"], **kw))
+    timing = tmp_path / "timing.json"
+    seconds = launch.launch_recipe({}, tmp_path / "log.txt", timing)
+    (entry,) = json.loads(timing.read_text())
+    assert 0.8 <= entry["seconds"] < 5 and seconds == pytest.approx(entry["seconds"], abs=0.5)
+    assert entry["paused_seconds"] == pytest.approx(1000 - 0.05, abs=0.5)
+    jump["by"] = 0.0  # no pause: no paused_seconds, the wall time
+    launch.launch_recipe({}, tmp_path / "log.txt", timing)
+    assert "paused_seconds" not in json.loads(timing.read_text())[1]
+
+
 def test_the_recipes_snapshot_steps_read_as_a_list_from_yaml_or_the_command_line():
     from bert_suite.pretraining.config import PretrainConfigError, load_pretrain_config
 

@@ -23,6 +23,8 @@ from ..io import atomic_write_text
 from .study import AblationError, Study
 
 TIMING_EVERY = 30  # seconds between updates of a running pre-training's entry in timing.json
+PAUSED_AFTER = 120  # seconds between two of those updates beyond which the launcher did not run (stopped with
+# SIGSTOP, a suspended machine or VM): the time beyond one update's interval is not counted as the run's
 
 
 def recipe_overrides(study: Study, name: str, data, output_dir: Path, steps: int, **replace) -> dict:
@@ -54,10 +56,12 @@ def config_value(overrides: dict, key: str):
 
 
 def launch_recipe(overrides: dict, log: Path, timing: Path | None = None, first_step: int | None = None) -> float:
-    """`accelerate launch recipes/pretrain.py KEY=VALUE...` with its output in `log`; returns its wall seconds. A
+    """`accelerate launch recipes/pretrain.py KEY=VALUE...` with its output in `log`; returns its seconds. A
     failure is an error naming the log, after its last lines. `timing` (a list of {seconds, started, finished,
     from_step: `first_step`, the step it resumes from}) gets this launch's entry at once and its seconds every TIMING_EVERY while it runs, so a run killed with its
-    caller (the end of a session) still counts the time it spent; a launch stopped with the study says so."""
+    caller (the end of a session) still counts the time it spent; a launch stopped with the study says so. Time
+    in which this process did not run (more than PAUSED_AFTER between two updates: SIGSTOP, a suspended machine)
+    is left out of its seconds and named in the entry's `paused_seconds`."""
     recipe = Path(__file__).resolve().parents[3] / "recipes" / "pretrain.py"
     if not recipe.is_file():
         raise AblationError(f"{recipe}: the pre-training recipe is not here; run from a clone of the repository "
@@ -71,13 +75,24 @@ def launch_recipe(overrides: dict, log: Path, timing: Path | None = None, first_
     log.parent.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1"), "TOKENIZERS_PARALLELISM": "false"}
     started = time.time()
+    clock = {"last": started, "paused": 0.0}  # the last update, and the seconds the launcher did not run
     earlier = json.loads(timing.read_text()) if timing is not None and timing.is_file() else []
     entry = {"seconds": 0.0, "started": time.strftime("%Y-%m-%d %H:%M:%S"),
              **({"from_step": first_step} if first_step is not None else {})}  # where it resumes (its pace: --status)
 
+    def running_seconds() -> float:
+        now = time.time()
+        if now - clock["last"] > max(PAUSED_AFTER, 3 * TIMING_EVERY):  # stopped with the run: not the run's time
+            clock["paused"] += now - clock["last"] - TIMING_EVERY
+        clock["last"] = now
+        return now - started - clock["paused"]
+
     def record(done: bool, stopped: bool = False) -> None:
+        seconds = running_seconds()
         if timing is not None:
-            entry["seconds"] = time.time() - started
+            entry["seconds"] = seconds
+            if clock["paused"]:
+                entry["paused_seconds"] = round(clock["paused"], 1)
             if done:
                 entry["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
             if stopped:
@@ -106,7 +121,7 @@ def launch_recipe(overrides: dict, log: Path, timing: Path | None = None, first_
         tail = log.read_text(errors="replace").splitlines()[-15:]
         print("\n".join(tail), file=sys.stderr)
         raise AblationError(f"pre-training failed (exit {code}); see {log}")
-    return time.time() - started
+    return running_seconds()
 
 
 def _torn(log: Path) -> bool:
