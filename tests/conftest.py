@@ -1,7 +1,9 @@
 """Test-wide settings: offline, quiet, caches inside the test run, parity figures in the summary; and the
 fixtures that several test modules use (pytest finds them here without imports)."""
 
+import atexit
 import os
+import shutil
 import tempfile
 
 os.environ["HF_HUB_OFFLINE"] = "1"
@@ -9,7 +11,9 @@ os.environ["HF_DATASETS_OFFLINE"] = "1"
 os.environ["HF_EVALUATE_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_VERBOSITY"] = "error"
 os.environ["TOKENIZERS_PARALLELISM"] = "false"
-os.environ.setdefault("HF_HOME", tempfile.mkdtemp(prefix="bert_suite_hf_home_"))
+if "HF_HOME" not in os.environ:  # a cache of the run's own, removed at exit (one per pytest process)
+    os.environ["HF_HOME"] = tempfile.mkdtemp(prefix="bert_suite_hf_home_")
+    atexit.register(shutil.rmtree, os.environ["HF_HOME"], ignore_errors=True)
 # The same numbers on every machine: `auto` would train in bf16 on a CPU with native bf16 and in fp32 on
 # one without, so the suite pins fp32 (subprocesses inherit it); tests/test_precision.py tests auto itself
 # (both kinds of CPU) and runs bf16 explicitly. BERT_SUITE_PRECISION=bf16 make test runs everything in bf16.
