@@ -671,6 +671,13 @@ def test_the_recipes_snapshot_steps_read_as_a_list_from_yaml_or_the_command_line
         load_pretrain_config(None, [*base, "snapshot_steps=3,20"])
     with pytest.raises(PretrainConfigError, match="snapshot_steps must be a list of int"):
         load_pretrain_config(None, [*base, "snapshot_steps=three"])
+    # the recipe's sizes, kept apart from configuration_bert_suite (which imports torch), are its presets
+    from bert_suite.configuration_bert_suite import PRESETS
+    from bert_suite.pretraining.config import MODEL_SIZES
+
+    assert MODEL_SIZES == tuple(PRESETS)
+    with pytest.raises(PretrainConfigError, match="model_size must be one of tiny, mini, small, medium, base, large"):
+        load_pretrain_config(None, [*base, "model_size=huge"])
 
 
 def test_a_base_file_shares_sections_its_paths_relative_to_it_and_the_study_replaces_key_by_key(data, tmp_path):
@@ -1099,6 +1106,15 @@ def test_status_reads_where_a_study_stands_from_its_folder_alone(data, tmp_path,
     printed = capsys.readouterr().out.splitlines()
     assert run(path, "--output_dir", out, "--status", "json") == 0  # the same, as one JSON object for scripts
     assert json.loads(capsys.readouterr().out) == status
+    # a fresh interpreter reads it without torch or transformers (17 s of imports on a slow CPU, for a glance)
+    fresh = subprocess.run([sys.executable, "-c", (
+        "import json, sys\nfrom bert_suite_cli import main\n"
+        f"code = main(['ablation', {str(path)!r}, '--output_dir', {str(out)!r}, '--status', 'json'])\n"
+        "print(json.dumps([m for m in ('torch', 'transformers', 'datasets', 'optuna') if m in sys.modules]))\n"
+        "sys.exit(code)")], capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert fresh.returncode == 0, fresh.stderr[-3000:]
+    *printed_json, heavy = fresh.stdout.strip().splitlines()
+    assert json.loads("\n".join(printed_json)) == status and json.loads(heavy) == []
     assert run(path, "--output_dir", out, "--status") == 0
     unheld = capsys.readouterr().out
     assert main(["ablation", "--status", str(path), "--output_dir", str(out)]) == 0  # --status before the file

@@ -30,14 +30,10 @@ import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
-import datasets
-
-from . import finetune_step
 from .cards import CardError, TaskCard, load_card
-from .grid import grid_key, run_grid, search_space
 from .io import atomic_write_text, save_figure
+from .model_spec import ModelSpec, RunError
 from .report import choose_setting, md_table, mean_se, scope_text, seed_scores, seeded_comparison
-from .runner import ModelSpec, RunError, adapter_for
 
 SETTING_NAMES = ("learning_rate", "batch_size", "epochs")
 _NAME = re.compile(r"[A-Za-z0-9][\w.-]*")
@@ -234,6 +230,9 @@ def check_tasks(tasks: dict[str, Task], model: Model | None, max_seq_length: int
     """Before any grid runs: every task's train split reads (as the grid reads it), every @LABELS fits it, and its
     first examples encode at the run's length with `model`'s tokenizer (a length a task cannot use, such as a
     SQuAD window shorter than its questions, would otherwise stop the comparison after hours of other grids)."""
+    import datasets
+
+    from .runner import adapter_for
     from .tokenization import check_max_seq_length, load_tokenizer
 
     tokenizer = tokenizer or load_tokenizer(model.path)
@@ -270,6 +269,8 @@ def grid_space(task: Task, seeds: list[int], learning_rates=None, batch_sizes=No
                preset: str | None = None) -> dict:
     """The grid every model runs on `task`: the card's (or `preset`'s) axes, those given replacing them, and
     `seeds` as the seed axis."""
+    from .grid import search_space
+
     return search_space(task.card, preset, learning_rate=learning_rates, per_device_train_batch_size=batch_sizes,
                         num_train_epochs=epochs, seed=seeds)
 
@@ -281,6 +282,8 @@ def grid_folder(output_dir: Path, task: Task, model: Model) -> Path:
 def study_for(task: Task, model: Model, space: dict) -> str:
     """One study per (task, model, grid): the models share the grid, so the study name (which the grid derives
     from the grid alone) must also name the model, or the second model would find the first's trials done."""
+    from .grid import grid_key
+
     key = {"model": model.model, "grid": grid_key(task.card, space, {"train": task.labels})}
     digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:10]
     return f"compare-{task.card.name}-{model.name}-{digest}"
@@ -292,6 +295,8 @@ def run_compare(models: dict[str, Model], tasks: dict[str, Task], baseline: str,
                 heartbeat_interval: int = 30, grace_period: int = 120, log=print) -> dict:
     """Run (or resume) every task x model grid (`spaces`: each task's grid, the same for every model; its seed
     axis is `seeds`), then write compare.json, compare.md and compare.png. Returns compare.json's content."""
+    from . import finetune_step
+
     out = Path(output_dir)
     total, done = len(tasks) * len(models), 0
     found: dict[str, dict[str, dict]] = {}
@@ -360,6 +365,8 @@ def grid_scores(task: Task, model: Model, space: dict, folder: Path, storage: st
                 precision=None, heartbeat_interval: int = 30, grace_period: int = 120) -> dict[tuple, dict[int, float]]:
     """Run (or resume) one model's grid on one task in `folder`; its scores on the task's metric as
     {setting: {seed: fraction}}."""
+    from .grid import run_grid
+
     result = run_grid(task.card, model.model, str(folder), task.data_dir, max_seq_length=max_seq_length, space=space,
                       storage=storage, overrides=dict(overrides or {}),
                       max_samples={"train": task.labels, "eval": max_eval_samples},

@@ -39,6 +39,7 @@ from .faults import failpoint
 from .io import atomic_write_text
 from .lora import LoraSettings, apply_lora, save_lora, trainable_parameters
 from .lora import describe as describe_lora
+from .model_spec import ModelSpec, RunError, checkpoint_of  # noqa: F401  (runner's API too)
 from .precision import Precision, PrecisionError, explicit, on_cpu, resolve
 from .tokenization import check_max_seq_length, load_tokenizer
 
@@ -340,10 +341,6 @@ def load_task_settings(model: str) -> dict:
     return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
 
 
-class RunError(ValueError):
-    """A run that cannot start (bad model, tokenizer or flags); the message says what to change."""
-
-
 @dataclass
 class Prepared:
     """Everything a trial needs that does not depend on its hyper-parameters: tokenised once."""
@@ -382,43 +379,6 @@ def prepare(card: TaskCard, model: str, data_dir: str | None = None, tokenizer: 
     encoded = {s: adapter.preprocess(d, card, tok, max_len, train=s == card.train_split) for s, d in raw.items()
                if s not in checked_only}
     return Prepared(card, tok, raw, encoded, max_len, {s: d._fingerprint for s, d in raw.items()})
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    """What --model names: a checkpoint (a folder or a Hub id) or `preset:NAME` (random weights of a paper
-    size), after any of two prefixes: `random:` (the checkpoint's config and vocabulary with fresh weights: its
-    random twin, the floor a pre-trained model is compared with) and `bilstm:` (a randomly initialised BiLSTM
-    between the encoder and the head: the "+ BiLSTM" row of the paper's Table 5). E.g. `random:runs/x/final`,
-    `bilstm:runs/ltr/final`. `random@K:PATH` is the K-th draw of the twin (K = 1: `random:`): one draw per
-    pre-training when a row has several checkpoints of one config, so its twins differ as its checkpoints do."""
-
-    source: str
-    random: bool = False
-    bilstm: bool = False
-    draw: int = 1
-
-    @classmethod
-    def parse(cls, model: str) -> ModelSpec:
-        flags, rest, draw = {"random": False, "bilstm": False}, model, 1
-        while ":" in rest and ((prefix := rest.split(":", 1)[0]) in flags or prefix.startswith("random@")):
-            if prefix.startswith("random@"):
-                count = prefix.removeprefix("random@")
-                if not count.isdigit() or int(count) < 1:
-                    raise RunError(f"--model {model}: {prefix}: expected random@K with K a draw number (1, 2, ...)")
-                prefix, draw = "random", int(count)
-            flags[prefix], rest = True, rest.split(":", 1)[1]
-        if not rest:
-            raise RunError(f"--model {model}: no checkpoint after the prefix; expected e.g. random:runs/x/final")
-        if flags["random"] and rest.startswith("preset:"):
-            raise RunError(f"--model {model}: a preset is random weights already; give preset:NAME, or random:PATH "
-                           "for a checkpoint's random twin")
-        return cls(rest, **flags, draw=draw)
-
-
-def checkpoint_of(model: str) -> str:
-    """The checkpoint (or preset) a --model value reads its config and tokenizer from (prefixes removed)."""
-    return ModelSpec.parse(model).source
 
 
 def load_model(card: TaskCard, model: str, max_seq_length: int, vocab_size: int | None = None):

@@ -16,10 +16,11 @@ import sys
 import time
 from pathlib import Path
 
-# the process-group helpers are the grid's (its --workers_per_gpu workers), one floor down
-from ..grid import STOP_GRACE, Stopped, start, stop_group, stopping  # noqa: F401  (also this module's API)
-from ..grid import group_alive as _alive
 from ..io import atomic_write_text
+
+# the process-group helpers, shared with the grid (its --workers_per_gpu workers)
+from ..processes import STOP_GRACE, Stopped, start, stop_group, stopping  # noqa: F401  (also this module's API)
+from ..processes import group_alive as _alive
 from .study import AblationError, Study
 
 TIMING_EVERY = 30  # seconds between updates of a running pre-training's entry in timing.json

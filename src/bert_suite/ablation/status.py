@@ -34,7 +34,7 @@ def study_status(path: str | Path, output_dir: str | Path) -> dict:
     "training" (a live process holds its lock: `by` names it), "stopped" (it has steps, no process on it) or "not
     started" (with `starts_from` where its first steps will be another run's). A folder made by another study
     file (other runs, steps or seeds) is an error."""
-    study = load_study(path)
+    study = load_study(path, run_checks=False)  # no torch: a study's state in a moment
     out = Path(output_dir).resolve()
     if not (out / "stages").is_dir():
         raise AblationError(f"--output_dir {output_dir}: no study there yet (no stages/ folder); expected the folder "

@@ -206,12 +206,14 @@ def run_name(variant: str, seeds: list[int], seed: int) -> str:
     return variant if seed == seeds[0] else f"{variant}.seed{seed}"
 
 
-def load_study(path: str | Path) -> Study:
+def load_study(path: str | Path, run_checks: bool = True) -> Study:
     """Read and check a study file; every path in it is relative to the file that writes it (the study or its
-    `base`), after `${VAR}` and `${VAR:-default}` are replaced from the environment."""
+    `base`), after `${VAR}` and `${VAR:-default}` are replaced from the environment. `run_checks=False` leaves
+    out the checks that only a run needs and that import torch (the recipe's own validation of each variant, a
+    task's train size against its @LABELS): what `--status` reads in a moment."""
     path = Path(path)
     raw, folders = read_with_base(path)
-    read = Reader(path, folders)
+    read = Reader(path, folders, run_checks)
     read.known("", raw, SECTIONS)
     for key in REQUIRED:
         if key not in raw:
@@ -311,8 +313,8 @@ def _expand(text: str, path: Path, key: str) -> str:
 class Reader:
     """A study file's sections, each checked as it is read; every error names the file and the key."""
 
-    def __init__(self, path: Path, folders: dict | None = None):
-        self.path, self.folders = path, folders or {}
+    def __init__(self, path: Path, folders: dict | None = None, run_checks: bool = True):
+        self.path, self.folders, self.run_checks = path, folders or {}, run_checks
 
     def bad(self, key: str, why: str):
         raise AblationError(f"{self.path}: {key}: {why}")
@@ -482,7 +484,8 @@ class Reader:
                     self.bad(f"{where}.seed", "given with pretraining.seeds; expected seeds: [S, ...] for the "
                              "variant's own seeds, not seed")
                 variants[name] = Variant(name=name, recipe=recipe_keys(spec, where, self.bad), seeds=seeds, **data)
-                check_recipe({**pretraining.recipe, **variants[name].recipe}, pretraining.steps, where, self.bad)
+                if self.run_checks:
+                    check_recipe({**pretraining.recipe, **variants[name].recipe}, pretraining.steps, where, self.bad)
         pretrained = [n for n, v in variants.items() if v.source is None]
         if not pretrained:
             self.bad("variants", "none is pre-trained; expected at least one with recipe keys (NAME: {} for the "
@@ -567,7 +570,7 @@ class Reader:
                     return None
                 self.bad("compare.data_dir", f"task {key}: {Path(task.data_dir) / spec.file} is not a file; expected "
                          f"{task.card.name}'s train file there")
-            if task.labels is not None:
+            if task.labels is not None and self.run_checks:
                 size = train_size(task)
                 if task.labels > size:
                     self.bad("compare.tasks", f"{key}: {task.labels:,} labels is above {task.card.name}'s train size "

@@ -12,7 +12,9 @@ from pathlib import Path
 
 import yaml
 
-from ..configuration_bert_suite import PRESETS
+# configuration_bert_suite.PRESETS's names (a test in tests/test_ablation.py keeps them equal): that file imports
+# transformers and torch, and reading a config (a study's --status) should not
+MODEL_SIZES = ("tiny", "mini", "small", "medium", "base", "large")
 
 
 class PretrainConfigError(ValueError):
@@ -224,8 +226,8 @@ def validate(cfg: PretrainConfig, source: str) -> PretrainConfig:
         bad("train_data", "is required: a folder written by `bert-suite pretrain-data`")
     if not cfg.tokenizer:
         bad("tokenizer", "is required: the tokenizer folder or vocab.txt the data was made with")
-    if cfg.model_size not in PRESETS:
-        bad("model_size", f"must be one of {', '.join(PRESETS)}")
+    if cfg.model_size not in MODEL_SIZES:
+        bad("model_size", f"must be one of {', '.join(MODEL_SIZES)}")
     for key in ("max_steps", "per_device_train_batch_size", "gradient_accumulation_steps", "logging_steps",
                 "eval_steps", "save_steps", "eval_batches", "per_device_eval_batch_size", "max_predictions_per_seq",
                 "max_predictions_per_seq_phase2"):
