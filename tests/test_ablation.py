@@ -756,6 +756,40 @@ def test_a_study_keeps_the_donors_checkpoint_at_the_switch_and_starts_the_biphas
     assert not set(UNRECORDED) & set(recorded)  # keeping a checkpoint changes no weight: not a setting
 
 
+def test_a_donor_off_the_curve_writes_the_snapshots_that_its_biphasic_run_on_the_curve_copies(data, tmp_path,
+                                                                                             monkeypatch):
+    """bi is on the curve and ltr is not: ltr still writes its snapshot at the curve's step before the switch (its
+    own setting otherwise has none), so bi starts from ltr's checkpoint instead of training those steps again."""
+    from bert_suite.ablation import launch, stages
+
+    study = load_study(small_study(tmp_path, data, variants={
+        "ltr": {"use_nsp": False, "causal_attention": True}, "bi": {"causal_fraction": 0.5}, "pre": None,
+        "random": None}, compare={"baseline": "bi"}, curve={"variants": ["bi"], "tasks": ["rte"]},
+        contrasts=[{"first": "bi", "second": "ltr", "label": "biphasic against ltr"}]))
+    out, launched = tmp_path / "out", []
+    monkeypatch.setattr(launch, "recipe_overrides", lambda study, name, data, run, steps, **kw: {  # snapshots as
+        "output_dir": str(run), "max_steps": steps, "train_data": "-", "tokenizer": "-", "warmup_steps": 0,  # the
+        "phase1_fraction": 1, **({"snapshot_steps": "3"} if name in study.curve_variants else {}), **kw})  # curve's
+
+    def launch_recipe(overrides, log, timing, **_):
+        run = Path(overrides["output_dir"])
+        launched.append((run.name, overrides.get("snapshot_steps"), overrides.get("start_from_checkpoint")))
+        snapshots = [f"snapshots/step-{s}" for s in launch.config_value(overrides, "snapshot_steps")]
+        for folder in ["checkpoints/step-3", *snapshots, "final"]:
+            (run / folder).mkdir(parents=True, exist_ok=True)
+            for name in ("progress.json", "config.json"):
+                if not (run / folder / name).exists():  # (bi's snapshot at step 3 is the copy of ltr's)
+                    (run / folder / name).write_text(json.dumps({"run": run.name}))
+        (run / "pretrain_results.json").write_text(json.dumps({"step": 6}))
+        return 1.0
+
+    monkeypatch.setattr(launch, "launch_recipe", launch_recipe)
+    stages.pretrain(study, out, {"ltr": None, "bi": None}, 6, None, stages.Progress())
+    ltr, bi = out / "pretraining" / "ltr", out / "pretraining" / "bi"
+    assert launched == [("ltr", "3", None), ("bi", "3", ltr / "checkpoints" / "step-3")]
+    assert json.loads((bi / "snapshots" / "step-3" / "config.json").read_text()) == {"run": "ltr"}  # ltr's, copied
+
+
 @pytest.mark.slow  # two pre-trainings and the data stages (40 s on 2 busy cores): make test-all; make test keeps the
 # study's side at unit level (the test above) and the recipe's in tests/test_objective_schedule.py
 def test_a_biphasic_variant_starts_from_the_left_to_right_variants_checkpoint_at_its_switch(data, tmp_path):

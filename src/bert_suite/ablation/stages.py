@@ -588,7 +588,7 @@ def pretrain(study: Study, out: Path, data: dict[str, Data], steps: int, only: l
     seeds; `only`, `seeds`: these), one after another, each under its lock: a run another process is training
     is waited for, then found done; with `pass_held`, it is passed over instead (`passed_over`). Returns the runs
     passed over."""
-    from .launch import launch_recipe, recipe_overrides
+    from .launch import config_value, launch_recipe, recipe_overrides
     from .locks import held_elsewhere, variant_lock, variant_lock_path
 
     chosen = {run.name: run for run in study.runs(only, seeds)}
@@ -601,6 +601,12 @@ def pretrain(study: Study, out: Path, data: dict[str, Data], steps: int, only: l
     kept: dict[str, list[int]] = {}
     for donor, step in starts.values():
         kept.setdefault(donor, []).append(step)
+    # a run on the curve that starts from a donor's checkpoint copies the donor's snapshots of the steps before it:
+    # the donor writes them even when it is not on the curve itself (else the run would train those steps again)
+    copied: dict[str, set[int]] = {}
+    for name, (donor, step) in starts.items():
+        if every[name].variant in study.curve_variants:
+            copied.setdefault(donor, set()).update(s for s in study.pretraining.checkpoints if s <= step and s < steps)
     pace = measured_pace(every, paths)  # {variant: [seconds, steps]}: the finished runs', then this process's too
     for number in range(len(todo)):
         # the next run in order that waits for nobody: a run whose donor another process trains, its checkpoint at
@@ -619,6 +625,8 @@ def pretrain(study: Study, out: Path, data: dict[str, Data], steps: int, only: l
         overrides = recipe_overrides(study, chosen[name].variant, data[chosen[name].variant], run, steps, seed=seed)
         if name in kept:
             overrides["keep_checkpoints"] = ",".join(map(str, sorted(kept[name])))
+        if name in copied and copied[name] - set(own := config_value(overrides, "snapshot_steps")):
+            overrides["snapshot_steps"] = ",".join(map(str, sorted(set(own) | copied[name])))
         with variant_lock(out, name):
             check_pretraining(out, name, overrides, run.is_dir() and any(run.iterdir()))
             done = finished_steps(run)
