@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from collections import Counter
 
-from seqeval.metrics.sequence_labeling import get_entities
-
 
 def ner_scores(gold_tags: list[list[str]], predicted_tags: list[list[str]]) -> dict[str, float]:
     """Entity-level precision, recall and F1 (micro over all entities, and per type as TYPE_precision,
@@ -38,6 +36,9 @@ def entity_counts(tags: list[list[str]]) -> dict[str, int]:
 
 def _entities(tags: list[list[str]]) -> set[tuple[str, int, int]]:
     """(type, first, last) of every entity, offsets running over the sentences joined (seqeval's default mode)."""
+    # imported here: seqeval imports scikit-learn (1-2 s), which a process that never scores NER need not pay
+    from seqeval.metrics.sequence_labeling import get_entities
+
     return set(get_entities([list(t) for t in tags]))
 
 
