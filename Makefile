@@ -43,8 +43,8 @@ $(STAMP): pyproject.toml constraints.txt | $(BIN)/python
 
 install: $(STAMP)  ## the .venv (torch pinned, CPU build), once
 
-# `make test` runs TEST_WORKERS pytest workers (pytest-xdist) of one thread each: on 2 cores 6m13s for 885 tests, where
-# one process of two threads took 8m43s for 873 (a test's time is mostly the processes it starts); TEST_WORKERS=0: one
+# `make test` runs TEST_WORKERS pytest workers (pytest-xdist) of one thread each: faster on 2 cores than one process of
+# two threads (a test's time is mostly the processes it starts; timings in docs/testing.md); TEST_WORKERS=0: one
 TEST_WORKERS ?= 2
 test: install  ## the fast offline tests (README)
 	$(OFFLINE) $(BIN)/python -m pytest -m "not slow" -n $(TEST_WORKERS) $(PYTEST_ARGS)
