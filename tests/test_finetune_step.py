@@ -160,6 +160,39 @@ def test_the_captured_steps_body_trains_as_the_trainers_step(tmp_path, monkeypat
     assert "captured step: off, gradient_accumulation_steps > 1" in capsys.readouterr().err
 
 
+def test_train_called_again_steps_once_a_batch_with_its_new_optimizer(tmp_path, monkeypatch):
+    """A Trainer's train() called again (as the speed benchmark repeats an epoch) makes a new optimizer: the step
+    chosen for the old one is dropped and one is chosen for the new one, so each batch is one AdamW step (the
+    old step kept would step the old optimizer inside it and the Trainer the new one beside it). With a constant
+    learning rate, the second epoch from the same weights and seed ends at the first epoch's weights."""
+    monkeypatch.setenv("BERT_SUITE_CAPTURED_STEP", "1")
+    torch.manual_seed(0)
+    model = BertSuiteForSequenceClassification(BertSuiteConfig.from_preset("tiny", vocab_size=50))
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(5, 50, (32, 12), generator=g)
+    rows = [{"input_ids": i, "attention_mask": torch.ones(12, dtype=torch.long), "labels": int(i[0] % 2)}
+            for i in ids]
+    trainer = SuiteTrainer(model=model, train_dataset=rows, args=transformers.TrainingArguments(
+        output_dir=str(tmp_path), use_cpu=True, report_to="none", per_device_train_batch_size=8, num_train_epochs=1,
+        learning_rate=1e-2, lr_scheduler_type="constant", save_strategy="no", disable_tqdm=True))
+    initial = {k: v.clone() for k, v in model.state_dict().items()}
+    ends, chosen = [], []
+    for _ in range(3):
+        model.load_state_dict(initial)
+        trainer.optimizer = None
+        transformers.set_seed(0)
+        trainer.train()
+        chosen.append(trainer._step)
+        ends.append({k: v.clone() for k, v in model.state_dict().items()})
+    # a step of its own each time; the one before released (its graphs and hold on the old optimizer)
+    assert len({id(step) for step in chosen}) == 3 and chosen[2].optimizer is not None
+    assert chosen[0].optimizer is None and chosen[1].optimizer is None
+    assert any(not torch.equal(ends[0][k], initial[k]) for k in initial)  # it trained
+    for end in ends[1:]:
+        for name, weight in ends[0].items():
+            assert torch.allclose(end[name], weight, atol=1e-6), name
+
+
 @pytest.mark.parametrize("head", ["qa", "tokens", "choice"])
 def test_the_captured_evaluation_forward_gives_the_trainers_loss_logits_and_labels(tmp_path, monkeypatch, head):
     """Evaluation and prediction through `CapturedForward` (its body on the CPU): Trainer.prediction_step's loss,

@@ -115,6 +115,7 @@ class SuiteTrainer(Trainer):
     _evaluated: dict | None = None  # metric prefix -> (global step, EvalLoopOutput, inverse order)
     _flops_per_token: int | None = None
     _step = None  # the captured step (bert_suite.finetune_step) once chosen; False: the Trainer's own
+    _step_optimizer = None  # the optimizer the step was chosen for
     _grad_norm = None
     _forward = None  # the captured evaluation forward once chosen; False: the Trainer's prediction_step
     _forward_checked = False  # whether this evaluation checked that its graphs still read the model's tensors
@@ -122,7 +123,15 @@ class SuiteTrainer(Trainer):
     def _captured_step(self, model):
         """The captured step for this run, made at its first step, or None where the Trainer's own step runs (one
         line says why when the captured one was asked for and cannot run)."""
+        if self._step is not None and self.optimizer is not self._step_optimizer:
+            # train() called again on this Trainer (a benchmark's repeats): it made a new optimizer, which the step
+            # chosen for the old one would not step (the old one would, beside the new one's own step)
+            step, self._step = self._step, None
+            if step:
+                finetune_step.finished(step)
+                model.__dict__.pop("zero_grad", None)  # the model's own again, until a step is chosen below
         if self._step is None:
+            self._step_optimizer = self.optimizer
             self._step = False
             device = self.args.device.type
             if finetune_step.wanted(device):
