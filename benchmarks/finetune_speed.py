@@ -143,17 +143,20 @@ def build(task, args, tmp, runs=None) -> SimpleNamespace:
             keys = model.load_state_dict(first_ours.state_dict(), strict=False)
             if keys.missing_keys:
                 raise RuntimeError(f"{run} model: weights missing from ours' state_dict: {keys.missing_keys}")
-    collators = {"ours": runner.adapter_for(card).collator(tok), "stock": transformers.default_data_collator}
     kinds = {"ours": (runner.SuiteTrainer, {}), "stock": (transformers.Trainer, {"train_sampling_strategy": "random"})}
     def overrides(run):  # TrainingArguments' bf16 (and use_cpu, which bf16 needs without a GPU), as the runner sets them
         values = {**OVERRIDES, **kinds[side_of(run)][1], "use_cpu": args.device == "cpu"}
         runner.apply_precision(values, Precision(precision_of(run), "--precisions"))
         return values
 
-    trainers = {r: kinds[side_of(r)][0](
-        model=models[r], data_collator=collators[side_of(r)], processing_class=tok,
-        args=runner.training_arguments(card, f"{tmp}/{task}-{r.replace(' ', '-')}", overrides(r)),
-        train_dataset=feats[side_of(r)]["train"]) for r in runs}
+    collators, trainers = {}, {}
+    for r in runs:  # each run's arguments, then its Trainer (which sets up accelerate's state for its precision)
+        arguments = runner.training_arguments(card, f"{tmp}/{task}-{r.replace(' ', '-')}", overrides(r))
+        # ours pads as `bert-suite finetune` does on this device (to a multiple of runner.LENGTH_BUCKET on CUDA)
+        collators[r] = runner.adapter_for(card).collator(tok, runner.length_bucket(arguments)) \
+            if side_of(r) == "ours" else transformers.default_data_collator
+        trainers[r] = kinds[side_of(r)][0](model=models[r], data_collator=collators[r], processing_class=tok,
+                                           args=arguments, train_dataset=feats[side_of(r)]["train"])
     for trainer in trainers.values():
         trainer.remove_callback(transformers.PrinterCallback)  # quiet: no end-of-training metrics print
     return SimpleNamespace(models=models, feats=feats, collators=collators, trainers=trainers, runs=runs,
@@ -212,7 +215,7 @@ def profile(setup, run) -> dict:
     """Where one training step (32 examples, fused AdamW as Trainer's default) and one prediction batch (64) spend
     time (the model's forward is the Trainer's, so bf16 runs under its autocast)."""
     side, model = side_of(run), setup.models[run]
-    train_batch, dev_batch = ({k: v.to(model.device) for k, v in setup.collators[side](
+    train_batch, dev_batch = ({k: v.to(model.device) for k, v in setup.collators[run](
         list(first(setup.feats[side][s], n).remove_columns("idx"))).items()}
         for s, n in (("train", 32), ("validation", 64)))
     optimizer = torch.optim.AdamW(model.parameters(), lr=2e-5, fused=True)

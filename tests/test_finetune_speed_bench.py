@@ -64,6 +64,28 @@ def test_same_examples_same_logits_stock_pads_more(data):
     assert (data / "results" / "test_finetune_speed.json").is_file()
 
 
+def test_ours_is_timed_on_the_path_a_gpu_runs_buckets_and_the_captured_step(data, monkeypatch):
+    """With the captured step and length buckets switched on (the CUDA defaults; their body runs on the CPU), ours'
+    batches are padded to the bucket's multiples as `bert-suite finetune` pads them, and every timed epoch trains
+    through the captured step, one per optimizer (tests/test_finetune_step.py: train() called again)."""
+    from bert_suite import finetune_step
+
+    monkeypatch.setenv("BERT_SUITE_CAPTURED_STEP", "1")
+    monkeypatch.setenv("BERT_SUITE_LENGTH_BUCKET", "32")
+    widths, real = [], finetune_step.FinetuneStep.step
+    monkeypatch.setattr(finetune_step.FinetuneStep, "step",
+                        lambda self, batch: widths.append(batch["input_ids"].shape[1]) or real(self, batch))
+    payload = finetune_speed.main(["--data", str(data), "--tasks", "rte", "--preset", "tiny", "--repeats", "1",
+                                   "--precisions", "fp32", "--no-memory", "--out", "test_finetune_speed_gpu_path"])
+    rte = payload["tasks"]["rte"]
+    assert widths and set(widths) <= {32, 64} and len(widths) % 2 == 0  # 40 examples of 3-52 words; epochs alike
+    ours = rte["tokens"]["ours"]
+    for name, n in (("train", 40), ("predict", 24)):
+        assert ours[name]["examples"] == n and ours[name]["padded_tokens"] % 32 == 0
+        assert ours[name]["padded_tokens"] < rte["tokens"]["stock"][name]["padded_tokens"]
+    assert rte["logit_max_abs_diff"]["fp32"] < 1e-4
+
+
 def test_missing_data_skips(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
         finetune_speed.main(["--data", str(tmp_path / "nowhere"), "--tasks", "rte"])
