@@ -153,7 +153,7 @@ def build(task, args, tmp, runs=None) -> SimpleNamespace:
     for r in runs:  # each run's arguments, then its Trainer (which sets up accelerate's state for its precision)
         arguments = runner.training_arguments(card, f"{tmp}/{task}-{r.replace(' ', '-')}", overrides(r))
         # ours pads as `bert-suite finetune` does on this device (to a multiple of runner.LENGTH_BUCKET on CUDA)
-        collators[r] = runner.adapter_for(card).collator(tok, runner.length_bucket(arguments)) \
+        collators[r] = runner.batch_collator(runner.adapter_for(card), tok, arguments, MAX_LEN) \
             if side_of(r) == "ours" else transformers.default_data_collator
         trainers[r] = kinds[side_of(r)][0](model=models[r], data_collator=collators[r], processing_class=tok,
                                            args=arguments, train_dataset=feats[side_of(r)]["train"])

@@ -13,7 +13,8 @@ import transformers
 from bert_suite import BertSuiteConfig, BertSuiteForSequenceClassification
 from bert_suite.adapters import classification, multiple_choice, ner, squad
 from bert_suite.cli import main as cli_main
-from bert_suite.runner import RunError, SuiteTrainer, device_defaults, length_bucket
+from bert_suite.runner import (CappedPadding, RunError, SuiteTrainer, batch_collator, device_defaults,
+                               length_bucket)
 from helpers import count_kept_steps, run_args, write_rte_like
 
 
@@ -50,6 +51,11 @@ def test_every_familys_batches_pad_to_a_bucket_and_keep_their_tokens(tokenizer, 
             assert torch.equal(bucketed[key], value), key
     short = module.collator(tokenizer, 32)(features[:1])
     assert short["input_ids"].shape[-1] == 32  # a batch of 7 tokens: the first bucket
+    # max_seq_length 40 (not a multiple of 32): the rounding stops there, the padding past it cut from every column
+    capped = CappedPadding(module.collator(tokenizer, 32), 40)(features)
+    assert capped["input_ids"].shape[-1] == 40
+    for key, value in bucketed.items():
+        assert torch.equal(capped[key], value[..., :40] if value.dim() >= 2 and value.shape[-1] == 64 else value), key
 
 
 def test_a_bucketed_batch_gives_the_models_outputs_of_the_plain_one(tokenizer):
@@ -68,6 +74,10 @@ def test_buckets_are_on_for_cuda_off_on_the_cpu_and_the_environment_overrides(mo
     assert length_bucket(args) == 64
     monkeypatch.setenv("BERT_SUITE_LENGTH_BUCKET", "0")
     assert length_bucket(args) is None
+    assert not isinstance(batch_collator(classification, None, args, 72), CappedPadding)  # no bucket: nothing to cap
+    monkeypatch.setenv("BERT_SUITE_LENGTH_BUCKET", "32")
+    assert isinstance(batch_collator(classification, None, args, 72), CappedPadding)
+    assert not isinstance(batch_collator(classification, None, args, 128), CappedPadding)  # a multiple: never past it
     monkeypatch.setenv("BERT_SUITE_LENGTH_BUCKET", "many")
     with pytest.raises(RunError, match="BERT_SUITE_LENGTH_BUCKET must be a number of tokens"):
         length_bucket(args)

@@ -473,6 +473,32 @@ def length_bucket(args: TrainingArguments) -> int | None:
     return LENGTH_BUCKET if args.device.type == "cuda" else None
 
 
+class CappedPadding:
+    """A collator whose rounding up to a bucket's multiple stops at `max_length`: with max_seq_length 72 and buckets
+    of 32, a batch whose longest example has 65-72 tokens is 72 wide, not 96. The columns cut are padding only
+    (every example is truncated to max_length); they are cut from every tensor as wide as the batch's ids."""
+
+    def __init__(self, collate, max_length: int):
+        self.collate, self.max_length = collate, max_length
+
+    def __call__(self, features):
+        batch = self.collate(features)
+        width = batch["input_ids"].shape[-1]
+        if width > self.max_length:
+            for key, value in batch.items():
+                if torch.is_tensor(value) and value.dim() >= 2 and value.shape[-1] == width:
+                    batch[key] = value[..., :self.max_length]
+        return batch
+
+
+def batch_collator(adapter, tokenizer, args: TrainingArguments, max_length: int):
+    """The family's collator, padding each batch to its longest example rounded up to the device's length bucket
+    (`length_bucket`), but never past max_length."""
+    bucket = length_bucket(args)
+    collate = adapter.collator(tokenizer, bucket)
+    return CappedPadding(collate, max_length) if bucket and max_length % bucket else collate
+
+
 def selection_key(card: TaskCard) -> str:
     """The key of the card's selection metric in Trainer's metrics."""
     if len(card.eval_splits) == 1:
@@ -508,7 +534,7 @@ def train_and_evaluate(prepared: Prepared, model_name: str, args: TrainingArgume
         args=args,
         train_dataset=prepared.encoded[card.train_split],
         eval_dataset=next(iter(per_epoch.values())) if len(per_epoch) == 1 else per_epoch,
-        data_collator=adapter.collator(prepared.tokenizer, length_bucket(args)),
+        data_collator=batch_collator(adapter, prepared.tokenizer, args, prepared.max_seq_length),
         processing_class=prepared.tokenizer,
         compute_metrics=adapter.metric_fn(card, prepared.raw[first], prepared.encoded[first]),
         callbacks=[_StepFailpoint(), *(callbacks or [])],
@@ -590,7 +616,8 @@ def predict(card: TaskCard, model: str, split: str, data_dir: str | None, output
                              **values)  # under a launcher without a GPU: the same gloo group
     if announce and is_main_process():
         print(precision.describe(), file=sys.stderr, flush=True)
-    trainer = SuiteTrainer(model=net, args=args, data_collator=adapter.collator(prepared.tokenizer, length_bucket(args)))
+    trainer = SuiteTrainer(model=net, args=args, data_collator=batch_collator(adapter, prepared.tokenizer, args,
+                                                                           prepared.max_seq_length))
     data = prepared.encoded[split]
     labels = [c for c in LABEL_COLUMNS if c in data.column_names]
     result = trainer.predict(data.remove_columns(labels))
