@@ -116,6 +116,39 @@ def test_the_recipe_with_masks_made_in_the_step_logs_the_loaders_losses(pretrain
     results = json.loads((tmp_path / "true" / "pretrain_results.json").read_text())
     assert results["mask_in_step_phases"] == [1, 2]
     assert json.loads((tmp_path / "false" / "pretrain_results.json").read_text())["mask_in_step_phases"] == []
+    # the same run with two DataLoader workers shipping the ids, and resumed from its step-3 checkpoint: the masks
+    # follow the step (a device counter the checkpoint restores), not the process that read the batch
+    common = ["max_steps=6", "phase1_fraction=0.5", "save_steps=3", "mixed_precision=no", "hidden_dropout_prob=0",
+              "attention_probs_dropout_prob=0", "eval_steps=6", "static_shapes=true", "torch_compile=false",
+              "gradient_accumulation_steps=2", "mask_in_step=true", "dataloader_num_workers=2"]
+    fresh_state()
+    workers = recipe.main(recipe_args(pretrain_setup, tmp_path / "workers", *common))
+    fresh_state()
+    resumed = recipe.main(recipe_args(pretrain_setup, tmp_path / "workers", *common,
+                                      f"resume_from_checkpoint={tmp_path / 'workers' / 'checkpoints' / 'step-3'}"))
+    assert [h["step"] for h in resumed] == [4, 5, 6]
+    for a, b in zip(runs["false"], workers, strict=True):
+        assert (a["mlm_loss"], a["nsp_loss"], a["mlm_accuracy"]) == (b["mlm_loss"], b["nsp_loss"], b["mlm_accuracy"])
+    for a, b in zip(runs["false"][3:], resumed, strict=True):
+        assert a["mlm_loss"] == pytest.approx(b["mlm_loss"], rel=1e-6, abs=1e-7) and a["mlm_accuracy"] == b["mlm_accuracy"]
+
+
+def test_whole_word_masks_asked_in_the_step_stay_in_the_loader_with_one_line(pretrain_setup, tmp_path, capsys):
+    """whole_word_mask=true with mask_in_step=true: one line says the loader makes them, and the run is the one with
+    mask_in_step=false, loss for loss."""
+    recipe = load_recipe()
+    runs = {}
+    for in_step in ("false", "true"):
+        fresh_state()
+        capsys.readouterr()
+        runs[in_step] = recipe.main(recipe_args(
+            pretrain_setup, tmp_path / in_step, "max_steps=3", "save_steps=1000", "mixed_precision=no",
+            "static_shapes=true", "torch_compile=false", "whole_word_mask=true", f"mask_in_step={in_step}"))
+        said = capsys.readouterr()
+        line = "mask_in_step: whole-word masks rank words in a Python loop; they are made in the loader"
+        assert (line in said.out + said.err) == (in_step == "true")
+        assert json.loads((tmp_path / in_step / "pretrain_results.json").read_text())["mask_in_step_phases"] == []
+    assert [(h["mlm_loss"], h["nsp_loss"]) for h in runs["true"]] == [(h["mlm_loss"], h["nsp_loss"]) for h in runs["false"]]
 
 
 def test_a_large_table_is_written_once_and_memory_mapped_back(tmp_path):

@@ -272,6 +272,15 @@ def test_recipe_in_bf16_starts_as_fp32_keeps_fp32_weights_and_resumes_exactly(pr
     early = max(abs(a - b) for a, b in zip(bf16_loss, fp32_loss, strict=True))
     report("recipe MLM loss bf16 vs fp32: max |diff| steps 1-10 (10-step runs)", f"{early:.4f}")
     assert early < 0.01, (bf16_loss, fp32_loss)
+    # bf16_residual=true reaches the model: the record says so and the loss moves (the stream is rounded), a little
+    fresh_state()
+    residual = [h["mlm_loss"] for h in recipe.main(recipe_args(
+        pretrain_setup, tmp_path / "bf16res", "max_steps=3", "phase1_fraction=1", "train_data_phase2=null",
+        "save_steps=1000", "eval_fraction=0", "mixed_precision=bf16", "bf16_residual=true"))]
+    assert json.loads((tmp_path / "bf16res" / "pretrain_results.json").read_text())["bf16_residual"] is True
+    assert json.loads((tmp_path / "bf16" / "pretrain_results.json").read_text())["bf16_residual"] is False
+    # step 1's loss, before any update (the schedules of 3 and 10 steps differ after it): another forward
+    assert residual[0] != bf16_loss[0] and abs(residual[0] - fp32_loss[0]) < 0.02
     fp32_master_weights_and_exact_resume(recipe, pretrain_setup, tmp_path, monkeypatch)
 
 
