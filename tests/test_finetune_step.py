@@ -391,6 +391,24 @@ def test_what_the_captured_step_cannot_do_is_said_and_left_to_the_trainer(tmp_pa
     args._n_gpu = 1
     bilstm = BertSuiteForSequenceClassification(BertSuiteConfig.from_preset("tiny", vocab_size=50, bilstm=True))
     assert "BiLSTM" in captured_step_problem(args, bilstm, torch.optim.AdamW(bilstm.parameters()))
+    # another optimizer, fp16 loss scaling, a compile mode with CUDA graphs of its own, a Trainer's own loss
+    assert "the optimizer is SGD" in captured_step_problem(args, model, torch.optim.SGD(model.parameters(), lr=0.1))
+    fp16 = transformers.TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none")
+    fp16.fp16 = True  # (TrainingArguments refuses fp16 on the CPU itself; the check reads the flag)
+    assert "fp16" in captured_step_problem(fp16, model, torch.optim.AdamW(model.parameters()))
+    compiled = transformers.TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none")
+    compiled.torch_compile, compiled.torch_compile_mode = True, "reduce-overhead"
+    assert "torch_compile_mode reduce-overhead" in captured_step_problem(compiled, model,
+                                                                         torch.optim.AdamW(model.parameters()))
+    compiled.torch_compile_mode = "default"
+    assert captured_step_problem(compiled, model, torch.optim.AdamW(model.parameters())) is None
+
+    class OwnLoss(SuiteTrainer):
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+
+    own = OwnLoss(model=model, args=args)
+    assert "a custom loss" in captured_step_problem(args, model, torch.optim.AdamW(model.parameters()), own)
     optimizer = torch.optim.AdamW(model.parameters(), foreach=False)
     model(input_ids=torch.ones(2, 4, dtype=torch.long), labels=torch.zeros(2, dtype=torch.long)).loss.backward()
     optimizer.step()
