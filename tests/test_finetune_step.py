@@ -203,6 +203,45 @@ def test_train_called_again_steps_once_a_batch_with_its_new_optimizer(tmp_path, 
             assert torch.allclose(end[name], weight, atol=1e-6), name
 
 
+def test_a_run_on_the_captured_step_stopped_after_a_checkpoint_resumes_to_the_same_weights(tmp_path, monkeypatch):
+    """BERT_SUITE_CAPTURED_STEP=1 (its body on the CPU), dropout on: a run stopped at step 5 and rerun with
+    --resume_from_checkpoint auto (from checkpoint-3: the optimizer state and random state it saved) ends at the
+    uninterrupted run's weights and dev score."""
+    from safetensors.torch import load_file
+
+    from bert_suite import runner
+
+    data = write_rte_like(tmp_path / "data", n_train=80, n_dev=32)
+    monkeypatch.setenv("BERT_SUITE_CAPTURED_STEP", "1")
+    flags = ["--learning_rate", "1e-3", "--num_train_epochs", "2", "--per_device_train_batch_size", "16",
+             "--save_strategy", "steps", "--save_steps", "3", "--resume_from_checkpoint", "auto"]
+    assert cli_main(["finetune", "rte", *run_args(data, tmp_path / "whole", *flags)]) == 0
+
+    class Stopped(Exception):
+        pass
+
+    steps = []
+
+    def stop_at_five(name):
+        steps.append(name)
+        if len(steps) == 5:
+            raise Stopped
+
+    monkeypatch.setattr(runner, "failpoint", stop_at_five)
+    with pytest.raises(Stopped):
+        cli_main(["finetune", "rte", *run_args(data, tmp_path / "stopped", *flags)])
+    assert sorted(p.name for p in (tmp_path / "stopped").glob("checkpoint-*")) == ["checkpoint-3"]
+    steps.clear()
+    monkeypatch.setattr(runner, "failpoint", steps.append)
+    assert cli_main(["finetune", "rte", *run_args(data, tmp_path / "stopped", *flags)]) == 0
+    assert len(steps) == 7  # steps 4-10: resumed, not started over (which would end at the same weights)
+    whole, resumed = (json.loads((tmp_path / r / "all_results.json").read_text()) for r in ("whole", "stopped"))
+    assert resumed["eval_accuracy"] == whole["eval_accuracy"]
+    ours, theirs = (load_file(tmp_path / r / "model.safetensors") for r in ("stopped", "whole"))
+    for name, weight in theirs.items():
+        assert torch.allclose(ours[name], weight, atol=1e-6), name
+
+
 @pytest.mark.parametrize("head", ["qa", "tokens", "choice"])
 def test_the_captured_evaluation_forward_gives_the_trainers_loss_logits_and_labels(tmp_path, monkeypatch, head):
     """Evaluation and prediction through `CapturedForward` (its body on the CPU): Trainer.prediction_step's loss,
