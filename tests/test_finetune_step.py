@@ -242,6 +242,35 @@ def test_a_run_on_the_captured_step_stopped_after_a_checkpoint_resumes_to_the_sa
         assert torch.allclose(ours[name], weight, atol=1e-6), name
 
 
+def test_a_grid_on_the_captured_step_scores_every_point_as_the_trainers_step_and_picks_the_same(tmp_path,
+                                                                                                  monkeypatch):
+    """A tiny grid (2 learning rates x 2 batch sizes, one worker: its later trials adopt the first's step) with
+    BERT_SUITE_CAPTURED_STEP=1 and =0: every point's dev score the same, the same best point."""
+    from bert_suite import finetune_step
+
+    data = write_rte_like(tmp_path / "data", n_train=32, n_dev=16)
+    steps, real = [], finetune_step.FinetuneStep.step
+    monkeypatch.setattr(finetune_step.FinetuneStep, "step", lambda self, batch: steps.append(1) or real(self, batch))
+    found = {}
+    for switch in ("0", "1"):
+        monkeypatch.setenv("BERT_SUITE_CAPTURED_STEP", switch)
+        out = tmp_path / switch
+        assert cli_main(["grid", "rte", *run_args(data, out), "--learning_rates", "1e-3", "1e-5", "--batch_sizes",
+                         "8", "16", "--epochs", "1", "--seeds", "1"]) == 0
+        with open(out / "grid_results.csv") as f:
+            rows = {(r["learning_rate"], r["per_device_train_batch_size"]): r for r in csv.DictReader(f)}
+        best = json.loads((out / "best_trial.json").read_text())
+        found[switch] = (rows, {k: best[k] for k in ("learning_rate", "per_device_train_batch_size")}, len(steps))
+    (eager, eager_best, eager_steps), (captured, captured_best, captured_steps) = found["0"], found["1"]
+    assert eager_steps == 0 and captured_steps == 4 + 2 + 4 + 2  # every batch of every point through its body
+    assert captured_best == eager_best and len(captured) == 4 and captured.keys() == eager.keys()
+    for point, row in eager.items():
+        assert (captured[point]["eval_accuracy"], captured[point]["best"]) == (row["eval_accuracy"], row["best"]), point
+        for key in ("eval_loss", "train_loss"):
+            assert float(captured[point][key]) == pytest.approx(float(row[key]), rel=1e-5), (point, key)
+    assert len({row["eval_loss"] for row in eager.values()}) == 4  # four different runs, not one four times
+
+
 @pytest.mark.parametrize("head", ["qa", "tokens", "choice"])
 def test_the_captured_evaluation_forward_gives_the_trainers_loss_logits_and_labels(tmp_path, monkeypatch, head):
     """Evaluation and prediction through `CapturedForward` (its body on the CPU): Trainer.prediction_step's loss,
