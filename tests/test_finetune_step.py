@@ -13,8 +13,7 @@ import transformers
 from bert_suite import BertSuiteConfig, BertSuiteForSequenceClassification
 from bert_suite.adapters import classification, multiple_choice, ner, squad
 from bert_suite.cli import main as cli_main
-from bert_suite.runner import (CappedPadding, RunError, SuiteTrainer, batch_collator, device_defaults,
-                               length_bucket)
+from bert_suite.runner import CappedPadding, RunError, SuiteTrainer, batch_collator, device_defaults, length_bucket
 from helpers import count_kept_steps, run_args, write_rte_like
 
 
