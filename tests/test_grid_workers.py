@@ -274,6 +274,29 @@ def test_workers_per_gpu_and_gpus_are_refused_without_cuda_in_one_line(monkeypat
     assert not (tmp_path / "out").exists()  # refused before anything was written
 
 
+def test_make_glue_passes_workers_per_gpu_and_gpus_through_to_the_grid():
+    """`make glue WORKERS_PER_GPU=2 GPUS=0,1` runs `bert-suite grid ... --workers_per_gpu 2 --gpus 0,1`; unset, neither
+    flag (make -n: the command printed, nothing run)."""
+    import shlex
+    import shutil
+
+    if shutil.which("make") is None:
+        pytest.skip("no make")
+    repo = Path(__file__).resolve().parents[1]
+
+    def grid_command(*variables):
+        done = subprocess.run(["make", "-s", "-n", "glue", *variables], cwd=repo, capture_output=True, text=True,
+                              check=True)
+        line = done.stdout.replace("\\\n", " ").strip().splitlines()[-1]
+        return shlex.split(line)
+
+    command = grid_command("WORKERS_PER_GPU=2", "GPUS=0,1", "TASK=mrpc")
+    assert command[0].endswith("bert-suite") and command[1:3] == ["grid", "mrpc"]
+    assert command[command.index("--workers_per_gpu") + 1] == "2" and command[command.index("--gpus") + 1] == "0,1"
+    plain = grid_command()
+    assert "--workers_per_gpu" not in plain and "--gpus" not in plain
+
+
 def test_worker_devices_number_gpus_as_torch_does_and_workers_drop_the_launch_flags(monkeypatch):
     import torch
 
