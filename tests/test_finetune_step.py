@@ -171,10 +171,11 @@ def test_the_captured_steps_body_trains_as_the_trainers_step(tmp_path, monkeypat
 
 def test_train_called_again_steps_once_a_batch_with_its_new_optimizer(tmp_path, monkeypatch):
     """A Trainer's train() called again (as the speed benchmark repeats an epoch) makes a new optimizer: the step
-    chosen for the old one is dropped and one is chosen for the new one, so each batch is one AdamW step (the
-    old step kept would step the old optimizer inside it and the Trainer the new one beside it). With a constant
-    learning rate, the second epoch from the same weights and seed ends at the first epoch's weights."""
-    monkeypatch.setenv("BERT_SUITE_CAPTURED_STEP", "1")
+    chosen for the old one is adopted by the new one (its graphs kept, the optimizer state zeroed), so each batch
+    is one AdamW step (the old step as it was would step the old optimizer inside it and the Trainer the new one
+    beside it). With a constant learning rate every epoch from the same weights and seed ends at the first's
+    weights; so does one on the Trainer's own step after them (no gradient left over from the captured one)."""
+    made, adopted = count_kept_steps(monkeypatch)
     torch.manual_seed(0)
     model = BertSuiteForSequenceClassification(BertSuiteConfig.from_preset("tiny", vocab_size=50))
     g = torch.Generator().manual_seed(1)
@@ -185,17 +186,15 @@ def test_train_called_again_steps_once_a_batch_with_its_new_optimizer(tmp_path, 
         output_dir=str(tmp_path), use_cpu=True, report_to="none", per_device_train_batch_size=8, num_train_epochs=1,
         learning_rate=1e-2, lr_scheduler_type="constant", save_strategy="no", disable_tqdm=True))
     initial = {k: v.clone() for k, v in model.state_dict().items()}
-    ends, chosen = [], []
-    for _ in range(3):
+    ends = []
+    for switch in ("1", "1", "1", "0"):
+        monkeypatch.setenv("BERT_SUITE_CAPTURED_STEP", switch)
         model.load_state_dict(initial)
         trainer.optimizer = None
         transformers.set_seed(0)
         trainer.train()
-        chosen.append(trainer._step)
         ends.append({k: v.clone() for k, v in model.state_dict().items()})
-    # a step of its own each time; the one before released (its graphs and hold on the old optimizer)
-    assert len({id(step) for step in chosen}) == 3 and chosen[2].optimizer is not None
-    assert chosen[0].optimizer is None and chosen[1].optimizer is None
+    assert (len(made), len(adopted)) == (1, 2) and trainer._step is False
     assert any(not torch.equal(ends[0][k], initial[k]) for k in initial)  # it trained
     for end in ends[1:]:
         for name, weight in ends[0].items():
@@ -208,10 +207,12 @@ def test_a_run_on_the_captured_step_stopped_after_a_checkpoint_resumes_to_the_sa
     uninterrupted run's weights and dev score."""
     from safetensors.torch import load_file
 
-    from bert_suite import runner
+    from bert_suite import finetune_step, runner
 
     data = write_rte_like(tmp_path / "data", n_train=80, n_dev=32)
     monkeypatch.setenv("BERT_SUITE_CAPTURED_STEP", "1")
+    captured, real = [], finetune_step.FinetuneStep.step
+    monkeypatch.setattr(finetune_step.FinetuneStep, "step", lambda self, batch: captured.append(1) or real(self, batch))
     flags = ["--learning_rate", "1e-3", "--num_train_epochs", "2", "--per_device_train_batch_size", "16",
              "--save_strategy", "steps", "--save_steps", "3", "--resume_from_checkpoint", "auto"]
     assert cli_main(["finetune", "rte", *run_args(data, tmp_path / "whole", *flags)]) == 0
@@ -234,6 +235,7 @@ def test_a_run_on_the_captured_step_stopped_after_a_checkpoint_resumes_to_the_sa
     monkeypatch.setattr(runner, "failpoint", steps.append)
     assert cli_main(["finetune", "rte", *run_args(data, tmp_path / "stopped", *flags)]) == 0
     assert len(steps) == 7  # steps 4-10: resumed, not started over (which would end at the same weights)
+    assert len(captured) == 10 + 5 + 7  # every step of the three runs through the captured step's body
     whole, resumed = (json.loads((tmp_path / r / "all_results.json").read_text()) for r in ("whole", "stopped"))
     assert resumed["eval_accuracy"] == whole["eval_accuracy"]
     ours, theirs = (load_file(tmp_path / r / "model.safetensors") for r in ("stopped", "whole"))
@@ -248,6 +250,7 @@ def test_a_grid_on_the_captured_step_scores_every_point_as_the_trainers_step_and
     from bert_suite import finetune_step
 
     data = write_rte_like(tmp_path / "data", n_train=32, n_dev=16)
+    made, adopted = count_kept_steps(monkeypatch)
     steps, real = [], finetune_step.FinetuneStep.step
     monkeypatch.setattr(finetune_step.FinetuneStep, "step", lambda self, batch: steps.append(1) or real(self, batch))
     found = {}
@@ -262,6 +265,7 @@ def test_a_grid_on_the_captured_step_scores_every_point_as_the_trainers_step_and
         found[switch] = (rows, {k: best[k] for k in ("learning_rate", "per_device_train_batch_size")}, len(steps))
     (eager, eager_best, eager_steps), (captured, captured_best, captured_steps) = found["0"], found["1"]
     assert eager_steps == 0 and captured_steps == 4 + 2 + 4 + 2  # every batch of every point through its body
+    assert (len(made), len(adopted)) == (1, 3)  # the first trial's step, adopted by the three after it
     assert captured_best == eager_best and len(captured) == 4 and captured.keys() == eager.keys()
     for point, row in eager.items():
         assert (captured[point]["eval_accuracy"], captured[point]["best"]) == (row["eval_accuracy"], row["best"]), point

@@ -318,10 +318,19 @@ def adopt(kept: FinetuneStep, model, optimizer) -> None:
         value.zero_()
 
 
-def step_for(accelerator, model, optimizer, max_grad_norm: float, graph: bool, extra=()) -> FinetuneStep:
+def step_for(accelerator, model, optimizer, max_grad_norm: float, graph: bool, extra=(),
+             previous: FinetuneStep | None = None) -> FinetuneStep:
     """The step for a trial: the kept one adopted (`adopt`) where a `trials()` block holds one of the same
-    `signature`; else a new one, kept when inside such a block (the one it replaces is released first)."""
+    `signature`; else a new one, kept when inside such a block (the one it replaces is released first).
+    `previous`: the step a Trainer chose for its last train() (a new optimizer since): adopted the same way when it
+    matches, else finished (`finished`) before a new one is made."""
     found = signature(model, optimizer, max_grad_norm, (graph, *extra))
+    if previous is not None and previous.model is not None and \
+            signature(previous.model, previous.optimizer, max_grad_norm, (graph, *extra)) == found:
+        adopt(previous, model, optimizer)
+        return previous
+    if previous is not None:
+        finished(previous)
     kept = _KEPT.get("step")
     # the kept model as it is now (a trial that changed it, e.g. by merging LoRA, cannot hand it on)
     if kept is not None and _KEPT["signature"] == found == signature(kept.model, kept.optimizer, max_grad_norm,

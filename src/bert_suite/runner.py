@@ -123,13 +123,13 @@ class SuiteTrainer(Trainer):
     def _captured_step(self, model):
         """The captured step for this run, made at its first step, or None where the Trainer's own step runs (one
         line says why when the captured one was asked for and cannot run)."""
+        previous = None
         if self._step is not None and self.optimizer is not self._step_optimizer:
             # train() called again on this Trainer (a benchmark's repeats): it made a new optimizer, which the step
-            # chosen for the old one would not step (the old one would, beside the new one's own step)
-            step, self._step = self._step, None
-            if step:
-                finetune_step.finished(step)
-                model.__dict__.pop("zero_grad", None)  # the model's own again, until a step is chosen below
+            # chosen for the old one does not step (it would step the old one, beside the new one's own step); the
+            # choice is made again, the old step adopted by the new optimizer where it can be (its graphs kept)
+            previous, self._step = self._step or None, None
+            model.__dict__.pop("zero_grad", None)  # the model's own again, until a step is chosen below
         if self._step is None:
             self._step_optimizer = self.optimizer
             self._step = False
@@ -151,11 +151,16 @@ class SuiteTrainer(Trainer):
                     self._forward = None  # evaluation graphs made before (eval_on_start) read the weights adopt replaces
                     self._step = finetune_step.step_for(self.accelerator, model, self.optimizer,
                                                         self.args.max_grad_norm, graph=device == "cuda",
-                                                        extra=(device, self.args.bf16, self.args.torch_compile, compiled))
+                                                        extra=(device, self.args.bf16, self.args.torch_compile, compiled),
+                                                        previous=previous)
+                    previous = None  # adopted or finished by step_for
                     # the step zeroes the gradients itself, and a graph writes into the same tensors: the Trainer's
                     # zero_grad (set_to_none) and optimizer.step (already taken) must leave them be
                     model.zero_grad = _no_op
                     self.optimizer.step = _no_op
+            if previous is not None:  # the Trainer's own step this time: the old step goes, and its last gradients
+                finetune_step.finished(previous)
+                model.zero_grad(set_to_none=True)
         return self._step or None
 
     def training_step(self, model, inputs, num_items_in_batch=None):
