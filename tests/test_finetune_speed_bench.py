@@ -13,6 +13,8 @@ sys.path.insert(0, str(BENCH))
 import common  # noqa: E402
 import finetune_speed  # noqa: E402
 
+from helpers import count_kept_steps  # noqa: E402
+
 WORDS = ("the cat dog man woman sat ran on a mat in park city house big small red old new quickly slowly "
          "yesterday today and was is not who near river").split()
 
@@ -67,10 +69,11 @@ def test_same_examples_same_logits_stock_pads_more(data):
 def test_ours_is_timed_on_the_path_a_gpu_runs_buckets_and_the_captured_step(data, monkeypatch):
     """With the captured step and length buckets switched on (the CUDA defaults; their body runs on the CPU), ours'
     batches are padded to the bucket's multiples as `bert-suite finetune` pads them, and every timed epoch trains
-    through the captured step, one per optimizer (tests/test_finetune_step.py: train() called again)."""
+    through the captured step made in the first, adopted by each later epoch's new optimizer (one AdamW step a batch:
+    tests/test_finetune_step.py, train() called again)."""
     from bert_suite import finetune_step
 
-    monkeypatch.setenv("BERT_SUITE_CAPTURED_STEP", "1")
+    made, adopted = count_kept_steps(monkeypatch)  # the captured step on
     monkeypatch.setenv("BERT_SUITE_LENGTH_BUCKET", "32")
     widths, real = [], finetune_step.FinetuneStep.step
     monkeypatch.setattr(finetune_step.FinetuneStep, "step",
@@ -79,6 +82,8 @@ def test_ours_is_timed_on_the_path_a_gpu_runs_buckets_and_the_captured_step(data
                                    "--precisions", "fp32", "--no-memory", "--out", "test_finetune_speed_gpu_path"])
     rte = payload["tasks"]["rte"]
     assert widths and set(widths) <= {32, 64} and len(widths) % 2 == 0  # 40 examples of 3-52 words; epochs alike
+    # one step made in the first epoch; the timed epoch's new optimizer adopts it (its graphs, on a GPU, replayed)
+    assert (len(made), len(adopted)) == (1, 1)
     ours = rte["tokens"]["ours"]
     for name, n in (("train", 40), ("predict", 24)):
         assert ours[name]["examples"] == n and ours[name]["padded_tokens"] % 32 == 0

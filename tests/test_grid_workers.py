@@ -285,8 +285,11 @@ def test_make_glue_passes_workers_per_gpu_and_gpus_through_to_the_grid():
     repo = Path(__file__).resolve().parents[1]
 
     def grid_command(*variables):
+        # an outer make's variables (MAKEFLAGS) or the shell's would reach the plain command: none of them
+        env = {k: v for k, v in os.environ.items()
+               if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS", "WORKERS_PER_GPU", "GPUS", "GRID_ARGS", "TASK")}
         done = subprocess.run(["make", "-s", "-n", "glue", *variables], cwd=repo, capture_output=True, text=True,
-                              check=True)
+                              check=True, env=env)
         line = done.stdout.replace("\\\n", " ").strip().splitlines()[-1]
         return shlex.split(line)
 

@@ -123,10 +123,12 @@ def test_the_recipe_with_masks_made_in_the_step_logs_the_loaders_losses(pretrain
               "gradient_accumulation_steps=2", "mask_in_step=true", "dataloader_num_workers=2"]
     fresh_state()
     workers = recipe.main(recipe_args(pretrain_setup, tmp_path / "workers", *common))
+    assert json.loads((tmp_path / "workers" / "pretrain_results.json").read_text())["mask_in_step_phases"] == [1, 2]
     fresh_state()
     resumed = recipe.main(recipe_args(pretrain_setup, tmp_path / "workers", *common,
                                       f"resume_from_checkpoint={tmp_path / 'workers' / 'checkpoints' / 'step-3'}"))
     assert [h["step"] for h in resumed] == [4, 5, 6]
+    assert json.loads((tmp_path / "workers" / "pretrain_results.json").read_text())["mask_in_step_phases"] == [2]
     for a, b in zip(runs["false"], workers, strict=True):
         assert (a["mlm_loss"], a["nsp_loss"], a["mlm_accuracy"]) == (b["mlm_loss"], b["nsp_loss"], b["mlm_accuracy"])
     for a, b in zip(runs["false"][3:], resumed, strict=True):
