@@ -235,6 +235,19 @@ def test_random_and_bilstm_prefixes_load_what_they_name(setup):
         ModelSpec.parse("random:preset:tiny")
 
 
+def test_each_draw_of_a_row_of_random_twins_keeps_the_prefixes_it_was_given():
+    """A row of several random twins gets a draw per checkpoint (random@K) and keeps a BiLSTM in every draw,
+    whichever prefix comes first (the first checkpoint's spelling unchanged, so its grid resumes)."""
+    from bert_suite.compare import parse_models
+
+    for given in ("bilstm:random:{}", "random:bilstm:{}"):
+        models = parse_models(["pre=a,b,c", "twin=" + ",".join(given.format(p) for p in "abc")])
+        specs = [ModelSpec.parse(models[label].model) for label in ("twin", "twin.2", "twin.3")]
+        assert specs == [ModelSpec(p, random=True, bilstm=True, draw=k) for k, p in enumerate("abc", start=1)]
+        assert models["twin"].model == given.format("a")
+    assert [parse_models(["pre=a,b", "r=random:a,random:b"])[k].model for k in ("r", "r.2")] == ["random:a", "random@2:b"]
+
+
 def test_several_pre_trainings_a_model_pair_by_position_and_a_random_twin_draws_once_per_checkpoint(setup, tmp_path):
     """Two recipes of two checkpoints each (the pre-trained model from two seeds, and its random twin): a grid per
     checkpoint, the scores per pre-training, the verdict about the recipes (SE over the two pre-trainings), and a
@@ -286,6 +299,7 @@ def test_one_architectures_models_share_a_tasks_captured_step_and_score_as_witho
 @pytest.mark.parametrize("case, message", [
     ("unpaired", r"--model random=.*: 1 checkpoint, pre has 2: rows pair by position"),
     ("path-twice", r"--model pre=.*: .* is given twice; expected each pre-training's checkpoint once"),
+    ("path-twice-spelt", r"--model pre=.*: .*/ is given twice; expected each pre-training's checkpoint once"),
     ("one-model", r"--model: 1 model given; a comparison needs at least two"),
     ("duplicate", r"--model pre=.*: the name pre is given twice"),
     ("not-a-checkpoint", r"--model other=.*: .* is not a checkpoint \(no config.json\)"),
@@ -302,6 +316,8 @@ def test_bad_input_is_one_clear_error_and_nothing_is_written(setup, tmp_path, ca
         args[args.index(f"pre={model}")] = f"pre={model},{setup / 'pretrain'}"
     elif case == "path-twice":
         args[args.index(f"pre={model}")] = f"pre={model},{model}"
+    elif case == "path-twice-spelt":  # one checkpoint, two spellings: two grids of it would count as two pre-trainings
+        args[args.index(f"pre={model}")] = f"pre={model},{model}/"
     elif case == "one-model":
         args = [a for a in args if a not in ("--model", f"random=random:{model}")]
         args[1:1] = ["--model"]

@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import re
 import statistics
 import textwrap
@@ -33,7 +34,7 @@ from pathlib import Path
 from .cards import CardError, TaskCard, load_card
 from .io import atomic_write_text, save_figure
 from .model_spec import ModelSpec, RunError
-from .report import choose_setting, md_table, mean_se, scope_text, seed_scores, seeded_comparison
+from .report import choose_setting, common_comparison, md_table, mean_se, scope_text, seed_scores
 
 SETTING_NAMES = ("learning_rate", "batch_size", "epochs")
 _NAME = re.compile(r"[A-Za-z0-9][\w.-]*")
@@ -90,17 +91,20 @@ def parse_models(values: list[str]) -> dict[str, Model]:
             raise CompareError(f"--model {value}: the name {name} is given twice; expected one --model per name (its "
                                "checkpoints as PATH1,PATH2,...)")
         elements = given.split(",")
-        twice = next((e for i, e in enumerate(elements) if e in elements[:i]), None)
+        specs = [ModelSpec.parse(element) for element in elements]
+        # one checkpoint however it is spelt (`a`, `./a`, `a/`): two grids of it would count as two pre-trainings
+        same = [(s.random, s.bilstm, s.draw, os.path.normpath(s.source)) for s in specs]
+        twice = next((e for i, e in enumerate(elements) if same[i] in same[:i]), None)
         if twice is not None:
             raise CompareError(f"--model {value}: {twice} is given twice; expected each pre-training's checkpoint once")
         rows[name] = []
-        for position, element in enumerate(elements, start=1):
-            spec = ModelSpec.parse(element)
+        for position, (element, spec) in enumerate(zip(elements, specs, strict=True), start=1):
             if spec.source.startswith("preset:"):
                 raise CompareError(f"--model {value}: a preset has no vocabulary of its own; expected a checkpoint, "
                                    "or random:PATH for a checkpoint's random twin")
-            if spec.random and len(elements) > 1 and spec.draw == 1 and position > 1:
-                element = f"random@{position}:" + element.split(":", 1)[1]  # its own fresh draw
+            if spec.random and len(elements) > 1 and spec.draw == 1 and position > 1:  # its own fresh draw
+                head, rest = element.split(":", 1)  # random:[bilstm:]PATH or bilstm:random:PATH
+                element = f"random@{position}:{rest}" if head == "random" else f"{head}:random@{position}:{spec.source}"
             label = name if position == 1 else f"{name}.{position}"
             models[label] = Model(label, element, spec.source, spec.random, spec.bilstm,
                                   name if len(elements) > 1 else None, str(position))
@@ -429,7 +433,8 @@ def seeded_table(entry: dict, seeds: list) -> dict:
 def build_result(baseline: str, seeds: list[int], models: dict[str, Model], tasks: dict[str, Task],
                  found: dict[str, dict[str, dict]]) -> dict:
     """compare.json from each task's and checkpoint's grid scores ({task: {checkpoint: {setting: {seed:
-    fraction}}}}): a row per recipe, its pre-trainings paired with the baseline's by key (`seeded_comparison`)."""
+    fraction}}}}): a row per recipe, its pre-trainings paired with the baseline's by key, on the keys both have
+    (`common_comparison`)."""
     rows = rows_of(models)
     result = {"baseline": baseline, "seeds": list(seeds), "models": {}, "tasks": {}}
     for row, members in rows.items():
@@ -444,7 +449,7 @@ def build_result(baseline: str, seeds: list[int], models: dict[str, Model], task
                                                  f"{task.key}, {row}")
         for row in rows:
             if row != baseline:
-                entry["vs_baseline"][row] = seeded_comparison(seeded_table(entry["models"][row], seeds),
+                entry["vs_baseline"][row] = common_comparison(seeded_table(entry["models"][row], seeds),
                                                               seeded_table(entry["models"][baseline], seeds))
         result["tasks"][task.key] = entry
     return result
