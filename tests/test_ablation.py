@@ -608,6 +608,67 @@ def test_along_the_curve_the_first_variant_is_ahead_from_the_step_it_stays_ahead
     assert list(contrasts_of(study, record, curve)[1][label]) == keys
 
 
+def test_along_the_curve_over_pre_training_seeds_the_verdicts_are_about_recipes_and_the_tables_say_so(data,
+                                                                                                      tmp_path):
+    """Three pre-trainings a variant: each curve point pairs by pre-training seed (df 2, scope recipes), ahead_from
+    is read off those verdicts, and the markdown's curve table and differences name the unit; with one
+    pre-training they say these checkpoints."""
+    from bert_suite.ablation import contrasts_of
+    from bert_suite.ablation.record import curve_unit, markdown
+
+    study = load_study(small_study(tmp_path, data, pretraining={"seeds": [42, 43, 44]}))
+
+    def points(by_step):  # {step: {seed: [score per fine-tuning seed 1, 2]}}
+        return [{"step": step, "pretraining_scores": table, "mean": 0.0, "se": 0.0,
+                 "scores": [sum(v) / len(v) for v in table.values()]} for step, table in by_step.items()]
+
+    pre = points({3: {"42": [60, 61], "43": [55, 56], "44": [58, 57]}, 6: {"42": [70, 71], "43": [72, 73],
+                                                                          "44": [69, 70]}})
+    twin = points({3: {"42": [58, 59], "43": [57, 58], "44": [58, 58]}, 6: {"42": [60, 61], "43": [60, 60],
+                                                                           "44": [61, 60]}})
+    record = {"seeds": [1, 2], "tasks": {"rte": {"models": {"pre": pre[-1], "random": twin[-1]}}}}
+    _, along = contrasts_of(study, record, {"pre": {"rte": pre}, "random": {"rte": twin}})
+    found = along["what pre-training adds"]["rte"]
+    assert [(p["scope"], p["df"], p["pretrainings"], p["verdict"]) for p in found["points"]] == [
+        ("recipes", 2, 3, "level"), ("recipes", 2, 3, "ahead")]
+    assert found["ahead_from"] == 6
+    assert "over the variant's 3 pre-trainings" in curve_unit({**record, "curve": {"pre": {"rte": pre}}})
+    one = [{**p, "pretraining_scores": {"42": p["pretraining_scores"]["42"]}} for p in pre]
+    assert "these checkpoints" in curve_unit({**record, "curve": {"pre": {"rte": one}}})
+    whole = {**record, "baseline": "pre", "models": {}, "tasks": {}, "contrasts": {}, "pretraining": {}, "command": "x",
+             "curve": {"pre": {"rte": pre}, "random": {"rte": twin}}, "curve_contrasts": along}
+    md = markdown(whole, study, None)
+    assert "Each cell: the mean ± SE over the variant's 3 pre-trainings" in md
+    assert "Paired differences along the curve, first minus second ± SE (SE over 3 pre-trainings x 2 fine-tuning " \
+           "seeds):" in md and "- what pre-training adds, rte: ahead (95% interval above zero) from step 6 on" in md
+
+
+def test_a_variant_with_seeds_of_its_own_pairs_with_the_baseline_on_the_seeds_both_have(data, tmp_path):
+    """`seeds` of a variant's own beside the study's: its row holds every pre-training, and the compare stage's
+    verdict and the contrast pair it with the baseline on the seeds both have, naming them (paired_on)."""
+    from bert_suite.ablation import contrasts_of
+    from bert_suite.ablation.finetune import models_of
+    from bert_suite.compare import build_result, resolve_task
+
+    study = load_study(small_study(tmp_path, data, variants={"other": {"seeds": [42, 43]}},
+                                   contrasts=[{"first": "other", "second": "pre", "label": "x"}]), run_checks=False)
+    runs = {r.name: tmp_path / "out" / "pretraining" / r.name for r in study.runs()}
+    for run in runs.values():
+        (run / "final").mkdir(parents=True)
+        (run / "final" / "config.json").write_text(json.dumps({"hidden_dropout_prob": 0.1}))
+    models = models_of(study, runs)
+    scores = {"pre": 0.6, "random": 0.5, "other": 0.7, "other.seed43": 0.9}
+    found = {"rte": {n: {(3e-3, 16, 3.0): {1: v, 2: v + 0.02}} for n, v in scores.items()}}
+    result = build_result("pre", [1, 2], models, {"rte": resolve_task("rte", study.compare.data_dirs, flag="task")},
+                          found)
+    assert list(result["tasks"]["rte"]["models"]["other"]["pretraining_scores"]) == ["42", "43"]
+    versus = result["tasks"]["rte"]["vs_baseline"]["other"]
+    assert versus["paired_on"] == ["42"] and versus["difference"] == pytest.approx(10.0)  # seed 43's 90 left out
+    contrast = contrasts_of(study, result, {})[0]["x"]["rte"]
+    assert contrast["paired_on"] == ["42"] and contrast["scope"] == "checkpoints"
+    assert "paired_on" not in result["tasks"]["rte"]["vs_baseline"]["random"]
+
+
 def test_a_launch_counts_its_time_while_it_runs_so_a_killed_session_keeps_it(tmp_path, monkeypatch):
     import threading
     import time

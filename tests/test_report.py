@@ -212,3 +212,19 @@ def test_tables_that_do_not_pair_are_refused_naming_the_seeds():
         seeded_comparison(table({42: [1.0, 2.0, 3.0]}), table({42: [1.0, 2.0]}))
     with pytest.raises(ValueError, match="a standard error needs two or more"):
         seeded_comparison(table({42: [1.0]}), table({42: [2.0]}))
+
+
+def test_a_comparison_on_the_common_pre_trainings_names_them_where_a_side_has_others():
+    """A variant with seeds of its own beside the baseline's: the pair is made on the seeds both have, and
+    `paired_on` says which; with the same seeds it is seeded_comparison unchanged; none in common is refused."""
+    from bert_suite.report import common_comparison, seeded_comparison
+
+    first = table({42: [75.0, 76.0], 43: [70.0, 71.0], 44: [72.0, 73.0]})
+    second = table({42: [70.0, 70.0], 44: [71.0, 70.0]})
+    d = common_comparison(first, second)
+    assert d["paired_on"] == ["42", "44"] and (d["pretrainings"], d["df"], d["scope"]) == (2, 1, "recipes")
+    assert d["difference"] == pytest.approx(((75.5 - 70) + (72.5 - 70.5)) / 2)  # seed 43 left out
+    same = table({42: [70.0, 71.0], 43: [69.0, 70.0], 44: [70.0, 72.0]})
+    assert common_comparison(first, same) == seeded_comparison(first, same)  # no paired_on
+    with pytest.raises(ValueError, match=r"no pre-training seed in common \(first: 42, 43, 44; second: 7\)"):
+        common_comparison(first, table({7: [1.0, 2.0]}))

@@ -173,6 +173,22 @@ def one_checkpoint(scores: list[float], seeds: list) -> dict:
     return {"1": dict(zip(map(str, seeds), scores, strict=True))}
 
 
+def common_comparison(first: dict, second: dict) -> dict:
+    """`seeded_comparison` on the pre-training seeds both tables have (a variant with seeds of its own beside a
+    baseline's). Where either has seeds the other lacks, `paired_on` lists the seeds the comparison used, so a
+    reader sees that it is not over every pre-training of either; none in common is a ValueError naming both
+    sides' seeds."""
+    first, second = ({str(k): v for k, v in dict(x).items()} for x in (first, second))
+    common = [k for k in first if k in second]
+    if not common:
+        raise ValueError(f"no pre-training seed in common (first: {', '.join(first)}; second: {', '.join(second)}); "
+                         "expected shared pre-training seeds to pair by")
+    result = seeded_comparison({k: first[k] for k in common}, {k: second[k] for k in common})
+    if len(common) != len(first) or len(common) != len(second):
+        result["paired_on"] = common
+    return result
+
+
 def scope_text(comparison: dict) -> str:
     """What a verdict's SE counts, for a table's note: "SE over 3 pre-trainings x 5 fine-tuning seeds", or "these
     checkpoints: SE over 5 fine-tuning seeds"."""

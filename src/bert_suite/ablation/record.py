@@ -84,11 +84,11 @@ def data_facts(data) -> dict:
             "not_next_share": round(stats["not_next_share"], 4), "vocab_size": vocab_size(data.vocab)}
 
 
-def seed_table(entry: dict, seeds: list | None, keep: set) -> dict:
+def seed_table(entry: dict, seeds: list | None) -> dict:
     """A row's pretraining_scores ({pre-training seed: per-seed scores}; a record without them: its `scores`, one
-    pre-training) as seeded_comparison's table, on the pre-training seeds in `keep` (those both sides have)."""
+    pre-training) as seeded_comparison's table."""
     table = pretrainings_of(entry)
-    return {k: dict(zip(map(str, seeds or range(1, len(v) + 1)), v, strict=True)) for k, v in table.items() if k in keep}
+    return {k: dict(zip(map(str, seeds or range(1, len(v) + 1)), v, strict=True)) for k, v in table.items()}
 
 
 def pretrainings_of(entry: dict) -> dict:
@@ -97,11 +97,10 @@ def pretrainings_of(entry: dict) -> dict:
 
 def contrast(first: dict, second: dict, seeds: list | None) -> dict:
     """`seeded_comparison` of two rows (a task's entries, or two points of the curve), on their common
-    pre-training seeds."""
-    from ..report import seeded_comparison
+    pre-training seeds (`paired_on` names them where either row has others)."""
+    from ..report import common_comparison
 
-    common = set(pretrainings_of(first)) & set(pretrainings_of(second))
-    return seeded_comparison(seed_table(first, seeds, common), seed_table(second, seeds, common))
+    return common_comparison(seed_table(first, seeds), seed_table(second, seeds))
 
 
 def contrasts_of(study: Study, result: dict, curve: dict) -> tuple[dict, dict]:
@@ -119,6 +118,19 @@ def contrasts_of(study: Study, result: dict, curve: dict) -> tuple[dict, dict]:
             ahead = [p["step"] for i, p in enumerate(points) if all(q["verdict"] == "ahead" for q in points[i:])]
             along.setdefault(c.label, {})[key] = {"ahead_from": ahead[0] if ahead else None, "points": points}
     return per_task, along
+
+
+def curve_unit(record: dict) -> str:
+    """What the curve table's ± counts, in one sentence: pre-trainings where a variant has several, else the
+    fine-tuning seeds of its one checkpoint."""
+    seeds = ", ".join(map(str, record.get("seeds") or []))
+    several = max((len(p.get("pretraining_scores") or {}) for by_task in record["curve"].values()
+                   for points in by_task.values() for p in points), default=1)
+    if several > 1:
+        return (f"Each cell: the mean ± SE over the variant's {several} pre-trainings, each pre-training's score the "
+                f"mean over fine-tuning seeds {seeds} at that step: the SE counts pre-trainings (the recipes).")
+    return (f"Each cell: the mean ± SE over fine-tuning seeds {seeds} of one pre-training a variant: these "
+            "checkpoints, not the recipes that made them.")
 
 
 def spread_rows(record: dict) -> list[list[str]]:
@@ -172,8 +184,12 @@ def markdown(record: dict, study: Study, decontamination: dict | None) -> str:
                               for s in steps)]
                 for name, by_task in record["curve"].items() for key, points in by_task.items()]
         lines += ["## Fine-tuning score against pre-training steps", "",
-                  *md_table(["variant", "task", *(f"{s:,}" for s in steps)], rows), ""]
-        for label, by_task in record.get("curve_contrasts", {}).items():
+                  *md_table(["variant", "task", *(f"{s:,}" for s in steps)], rows), "", curve_unit(record), ""]
+        contrasts = record.get("curve_contrasts", {})
+        point = next((f["points"][0] for by_task in contrasts.values() for f in by_task.values()), None)
+        if point is not None:
+            lines += [f"Paired differences along the curve, first minus second ± SE ({scope_text(point)}):", ""]
+        for label, by_task in contrasts.items():
             for key, found in sorted(by_task.items()):
                 where = (f"ahead (95% interval above zero) from step {found['ahead_from']:,} on" if found["ahead_from"]
                          else f"not ahead to the end ({found['points'][-1]['step']:,} steps)")
