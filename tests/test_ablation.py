@@ -1371,11 +1371,12 @@ def test_a_variant_run_trains_its_free_runs_first_and_a_biphasic_run_waits_for_i
 
 @pytest.mark.slow  # two pre-trainings and the GPU route's three commands (about a minute): make test-all
 def test_a_study_pretrained_on_another_machine_comes_back_checked_and_is_found_pretrained(data, tmp_path):
-    """tools/gpu_study_pretraining.sh's files at toy size on the CPU: `collect` packs the run's records and
-    its model in bf16, `install` puts it into another folder of the same study (weights back in fp32), where
-    the study finds it pre-trained and launches nothing; a folder whose vocabulary differs refuses it."""
+    """tools/gpu_study_pretraining.sh's files at toy size on the CPU: `collect` packs the records and the model
+    in bf16 of each of the variant's runs (one a pre-training seed), `install` puts them into another folder of the
+    same study (weights back in fp32, each run at its seed), where the study finds them pre-trained and launches
+    nothing; a folder whose vocabulary differs refuses them."""
     transfer = [sys.executable, str(REPO / "tools" / "study_transfer.py")]
-    study = small_study(tmp_path, data, curve=None, pretraining={"checkpoints": None})
+    study = small_study(tmp_path, data, curve=None, pretraining={"checkpoints": None, "seeds": [42, 43]})
     work, back, here = tmp_path / "work", tmp_path / "back", tmp_path / "here"
     work.mkdir()
     assert subprocess.run([*transfer, "folders", str(study), str(work / "folders.json"), "pre"],
@@ -1384,19 +1385,26 @@ def test_a_study_pretrained_on_another_machine_comes_back_checked_and_is_found_p
     subprocess.run([*transfer, "collect", str(study), str(work), str(back), "--variants", "pre"], check=True,
                    capture_output=True)
     assert sorted(p.name for p in back.iterdir()) == ["models-1.tar.gz", "records.tar.gz"]
-    theirs = load_file(str(work / "pre" / "pretraining" / "pre" / "final" / "model.safetensors"))
+    theirs = {name: load_file(str(work / "pre" / "pretraining" / name / "final" / "model.safetensors"))
+              for name in ("pre", "pre.seed43")}
+    assert not all(torch.equal(theirs["pre"][k], theirs["pre.seed43"][k]) for k in theirs["pre"])  # two seeds
     shutil.rmtree(work)  # the other machine's paths are gone here
     installed = subprocess.run([*transfer, "install", str(study), str(here), str(back)], capture_output=True,
                                text=True)
     assert installed.returncode == 0, installed.stderr
-    mine = load_file(str(here / "pretraining" / "pre" / "final" / "model.safetensors"))
-    assert all(mine[k].dtype == torch.float32 and torch.equal(mine[k], theirs[k].bfloat16().float()) for k in theirs)
+    for name, weights in theirs.items():
+        mine = load_file(str(here / "pretraining" / name / "final" / "model.safetensors"))
+        assert all(mine[k].dtype == torch.float32 and torch.equal(mine[k], v.bfloat16().float())
+                   for k, v in weights.items()), name
+        assert json.loads((here / "stages" / f"pretraining-{name}.json").read_text())["settings"]["recipe"]["seed"] == \
+            {"pre": 42, "pre.seed43": 43}[name]
     assert run(study, "--output_dir", here, "--until", "pretraining") == 0
-    assert len(json.loads((here / "pretraining" / "pre" / "timing.json").read_text())) == 1  # no launch here
+    for name in theirs:
+        assert len(json.loads((here / "pretraining" / name / "timing.json").read_text())) == 1, name  # no launch here
     from bert_suite.ablation import pretraining_record
 
-    facts = pretraining_record(load_study(study), {"pre": here / "pretraining" / "pre"}, None, 6)
-    assert facts["pre"]["pretrained_on"] == "cpu"  # the machine collect ran on
+    facts = pretraining_record(load_study(study), {n: here / "pretraining" / n for n in theirs}, None, 6)
+    assert [facts["pre"]["by_seed"][s]["pretrained_on"] for s in ("42", "43")] == ["cpu", "cpu"]  # where collect ran
     record = here / "stages" / "pretraining-pre.json"  # installed again over a record that holds save_steps,
     written = json.loads(record.read_text())  # as installs wrote before it left the record: accepted
     assert "save_steps" not in written["settings"]["recipe"]
@@ -1405,7 +1413,7 @@ def test_a_study_pretrained_on_another_machine_comes_back_checked_and_is_found_p
     again = subprocess.run([*transfer, "install", str(study), str(here), str(back)], capture_output=True, text=True)
     assert again.returncode == 0 and "moved to" in again.stdout, again.stderr
     (tmp_path / "other").mkdir()
-    other = small_study(tmp_path / "other", data, curve=None, pretraining={"checkpoints": None},
+    other = small_study(tmp_path / "other", data, curve=None, pretraining={"checkpoints": None, "seeds": [42, 43]},
                         vocabulary={"vocab_size": 50})
     refused = subprocess.run([*transfer, "install", str(other), str(tmp_path / "there"), str(back)],
                              capture_output=True, text=True)

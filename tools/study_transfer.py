@@ -7,17 +7,19 @@ tools/gpu_study_pretraining.sh), and its models come back in bf16 with everythin
 
   pack-data STUDY ARCHIVE          here: the raw files STUDY reads (corpus files, task folders), relative to
                                    BERT_SUITE_DATA, as ARCHIVE (tar.xz)
-  collect STUDY WORK OUT           there: per variant (WORK/NAME, the --output_dir of its run) the run's record
+  collect STUDY WORK OUT           there: per run (a variant at each pre-training seed, NAME or NAME.seedS, in
+                                   WORK/VARIANT, the --output_dir of the variant's process) the run's record
                                    (pretrain_results.json, metrics.jsonl, timing.json, the recipe's log, the stage
                                    records, the vocabulary's SHA-256 and the instances' statistics) in
                                    OUT/records.tar.gz and its final model and snapshots in bf16 in OUT/models-K.tar
                                    (each under 16 MiB); OUT/summary.json says what came out
-  install STUDY OUTPUT_DIR FROM    here: each variant FROM holds into OUTPUT_DIR/pretraining/NAME, after checking
-                                   that it was trained on the data this folder's stages hold (the vocabulary's
-                                   SHA-256, the instances' counts); the weights back in fp32; the pre-training
-                                   stage's record written as the study writes it; a run already there is moved
-                                   to OUTPUT_DIR/pretraining-replaced/NAME. `bert-suite ablation STUDY --output_dir
-                                   OUTPUT_DIR` then finds the variant pre-trained and fine-tunes it.
+  install STUDY OUTPUT_DIR FROM    here: each run FROM holds into OUTPUT_DIR/pretraining/NAME (its seed the
+                                   study's for that run), after checking that it was trained on the data this
+                                   folder's stages hold (the vocabulary's SHA-256, the instances' counts); the
+                                   weights back in fp32; the pre-training stage's record written as the study
+                                   writes it; a run already there is moved to OUTPUT_DIR/pretraining-replaced/NAME.
+                                   `bert-suite ablation STUDY --output_dir OUTPUT_DIR` then finds the runs
+                                   pre-trained and fine-tunes them.
 
 bf16 halves the files (a tiny model's 6.2 MB to 3.1 MB); a weight rounded to bf16 is within 0.4% of the trained
 one, and every pre-trained variant of a study comes back the same way (the random twins start from fresh weights).
@@ -129,8 +131,15 @@ def folder_of(work: Path, name: str) -> Path:
     return work / folders.get(name, name)
 
 
-def variant_summary(name: str, work: Path) -> dict:
-    run = folder_of(work, name) / "pretraining" / name
+def runs_of(study_path: str, names: list[str]) -> list:
+    """The pre-trainings of `names` (study.runs: a variant once per pre-training seed, in NAME or NAME.seedS)."""
+    return study_data(study_path).runs(names)
+
+
+def variant_summary(name: str, work: Path, variant: str | None = None) -> dict:
+    """One run's facts (`name`: the run, in the folder of its `variant`, by default the run's own name)."""
+    variant = variant or name
+    run = folder_of(work, variant) / "pretraining" / name
     results = json.loads((run / "pretrain_results.json").read_text()) if (run / "pretrain_results.json").is_file() else {}
     windows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()] \
         if (run / "metrics.jsonl").is_file() else []
@@ -139,8 +148,9 @@ def variant_summary(name: str, work: Path) -> dict:
     vocab = Path(config["tokenizer"]) / "vocab.txt" if config.get("tokenizer") else None
     instances = {key: Path(config[key]) for key in ("train_data", "train_data_phase2") if config.get(key)}
     timing = json.loads((run / "timing.json").read_text()) if (run / "timing.json").is_file() else []
-    exit_file = work / f"{name}.exit"
+    exit_file = work / f"{variant}.exit"  # the exit code of the variant's process, which trains all its seeds
     return {
+        "variant": variant, "seed": config.get("seed"),
         "exit_code": int(exit_file.read_text()) if exit_file.is_file() else None,
         "finished_step": results.get("step") if (run / "final" / "config.json").is_file() else None,
         "seconds": sum(t["seconds"] for t in timing),
@@ -158,22 +168,23 @@ def collect(study_path: str, work: Path, out: Path, names: list[str]) -> None:
     import torch
 
     out.mkdir(parents=True, exist_ok=True)
+    runs = runs_of(study_path, names)  # every pre-training seed of each variant: NAME, NAME.seedS
     summary = {"study": study_path, "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
-               "variants": {name: variant_summary(name, work) for name in names}}
+               "variants": {r.name: variant_summary(r.name, work, r.variant) for r in runs}}
     records = []  # (path, arcname) for records.tar.gz, written last with summary.json
-    for name in names:
-        folder = folder_of(work, name)
-        run = folder / "pretraining" / name
+    for r in runs:
+        folder = folder_of(work, r.variant)
+        run = folder / "pretraining" / r.name
         for path, arcname in [*((run / f, f) for f in RECORD_FILES),
-                              (folder / "logs" / f"pretraining-{name}.log", f"logs/pretraining-{name}.log"),
-                              (folder / "stages", "stages"), (work / f"{name}.log", "ablation.log")]:
+                              (folder / "logs" / f"pretraining-{r.name}.log", f"logs/pretraining-{r.name}.log"),
+                              (folder / "stages", "stages"), (work / f"{r.variant}.log", "ablation.log")]:
             if path.exists():
-                records.append((path, f"{name}/{arcname}"))
+                records.append((path, f"{r.name}/{arcname}"))
     half = work / "bf16"
     shutil.rmtree(half, ignore_errors=True)
     models = []  # (arcname, folder) of every model that came out of a run
-    for name in names:
-        run = folder_of(work, name) / "pretraining" / name
+    for name in (r.name for r in runs):
+        run = folder_of(work, summary["variants"][name]["variant"]) / "pretraining" / name
         if (run / "final" / "config.json").is_file():
             models.append((f"{name}/final", run / "final"))
         for snap in sorted((run / "snapshots").glob("step-*")) if (run / "snapshots").is_dir() else []:
@@ -235,29 +246,37 @@ def install(study_path: str, output_dir: Path, source: Path, names: list[str] | 
     unpacked = source / "unpacked"
     summary = json.loads((unpacked / "summary.json").read_text())
     study = study_data(study_path)
-    names = names or [n for n in summary["variants"] if (unpacked / n / "final").is_dir()]
+    runs = {r.name: r for r in study.runs()}  # a variant at each pre-training seed: NAME, NAME.seedS
+    came = [n for n in summary["variants"] if (unpacked / n / "final").is_dir()]
+    names = [n for n in came if runs.get(n) and (not names or runs[n].variant in names or n in names)]
+    strange = [n for n in came if n not in runs]
+    if strange:
+        sys.exit(f"install: {strange[0]} came back but is no run of {study_path} (its runs: {', '.join(runs)})")
     out = output_dir.resolve()
     progress = Progress()
     with data_lock(out):
-        data = build_data(study, out, task_data(study, out, progress), progress, only=names)
+        data = build_data(study, out, task_data(study, out, progress), progress,
+                          only=list(dict.fromkeys(runs[n].variant for n in names)))
         steps = plan_steps(study, out, data, progress)
     for name in names:
-        facts = summary["variants"][name]
+        facts, variant, seed = summary["variants"][name], runs[name].variant, runs[name].seed
+        if facts.get("seed") not in (None, seed):
+            sys.exit(f"install: {name} came back pre-trained with seed {facts['seed']}, not the study's {seed}")
         if facts["finished_step"] != steps:
             sys.exit(f"install: {name} came back at step {facts['finished_step']}, not the study's {steps:,}")
-        here = sha256(data[name].vocab / "vocab.txt" if data[name].vocab.is_dir() else data[name].vocab)
+        here = sha256(data[variant].vocab / "vocab.txt" if data[variant].vocab.is_dir() else data[variant].vocab)
         if facts["vocab_sha256"] != here:
             sys.exit(f"install: {name} was trained with another vocabulary (SHA-256 {facts['vocab_sha256']}, this "
                      f"folder's {here})")
-        lengths = data[name].lengths
+        lengths = data[variant].lengths
         for key, length in zip(("train_data", "train_data_phase2"), lengths, strict=False):
-            mine = data_stats(data[name].instances[length])
+            mine = data_stats(data[variant].instances[length])
             theirs = facts["instances"].get(key)
             if theirs != mine:
                 sys.exit(f"install: {name}'s {key} ({length} tokens) differs from this folder's: {theirs} against "
                          f"{mine}")
         run = out / "pretraining" / name
-        overrides = recipe_overrides(study, name, data[name], run, steps)
+        overrides = recipe_overrides(study, variant, data[variant], run, steps, seed=seed)
         with variant_lock(out, name):
             if run.exists():
                 aside = out / "pretraining-replaced" / name
