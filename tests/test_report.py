@@ -228,3 +228,21 @@ def test_a_comparison_on_the_common_pre_trainings_names_them_where_a_side_has_ot
     assert common_comparison(first, same) == seeded_comparison(first, same)  # no paired_on
     with pytest.raises(ValueError, match=r"no pre-training seed in common \(first: 42, 43, 44; second: 7\)"):
         common_comparison(first, table({7: [1.0, 2.0]}))
+
+
+def test_the_multi_bootstrap_interval_is_the_spread_of_pre_trainings_drawn_again():
+    """Five pre-trainings whose fine-tuning seeds agree (d_s = 1, 2, 3, 4, 5): a draw's statistic is the mean of
+    five pre-trainings drawn with replacement, whose exact 2.5% and 97.5% points come from the 5^5 draws; the
+    Multi-Bootstrap lands on them (to a grid step of 0.2, its own sampling), far inside the range 1 to 5."""
+    import itertools
+
+    import numpy as np
+
+    from bert_suite.report import seeded_comparison
+
+    first = table({s: [70.0 + s, 70.0 + s] for s in range(1, 6)})
+    second = table({s: [70.0, 70.0] for s in range(1, 6)})
+    low, high = seeded_comparison(first, second)["bootstrap95"]
+    exact = np.percentile([sum(c) / 5 for c in itertools.product(range(1, 6), repeat=5)], [2.5, 97.5])
+    assert low == pytest.approx(exact[0], abs=0.2 + 1e-9) and high == pytest.approx(exact[1], abs=0.2 + 1e-9)
+    assert 1.5 < low < high < 4.5
