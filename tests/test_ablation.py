@@ -1505,3 +1505,15 @@ def test_the_figure_draws_each_variant_in_its_bars_colour_and_curves_with_equal_
     assert {name: to_hex(line.get_color()) for name, line in lines.items()} == {n: bar_colour[n] for n in lines}
     assert lines["c"].get_linestyle() != lines["b"].get_linestyle()
     assert lines["c"].get_markersize() != lines["b"].get_markersize()
+
+
+def test_the_two_sources_of_noise_count_the_pre_trained_variants_not_a_random_twins_draws():
+    """The table of standard deviations is about pre-training: a random twin's spread across its draws (here
+    large) stays out of the root mean square over the variants."""
+    from bert_suite.ablation.record import spread_rows
+
+    models = {"pre": {"sd_pretraining": 3.0, "sd_finetuning": 1.0}, "mlm": {"sd_pretraining": 4.0, "sd_finetuning": 2.0},
+              "random": {"sd_pretraining": 30.0, "sd_finetuning": 20.0}, "one": {"scores": [1.0, 2.0]}}
+    record = {"models": {"pre": {}, "mlm": {}, "random": {"random_init": True}, "one": {}},
+              "tasks": {"rte": {"models": models}}}
+    assert spread_rows(record) == [["rte", f"{12.5 ** 0.5:.2f}", f"{2.5 ** 0.5:.2f}", "2"]]  # rms of (3, 4), (1, 2)

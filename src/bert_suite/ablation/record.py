@@ -135,11 +135,12 @@ def curve_unit(record: dict) -> str:
 
 def spread_rows(record: dict) -> list[list[str]]:
     """Per task, the standard deviation of a variant's score across pre-trainings (of its per-pre-training means)
-    and across fine-tuning seeds within a pre-training, as the root mean square over the variants that have
-    several pre-trainings."""
+    and across fine-tuning seeds within a pre-training, as the root mean square over the pre-trained variants that
+    have several pre-trainings (a random twin's spread is of its random draws, not of pre-training)."""
     rows = []
+    random = {name for name, model in record.get("models", {}).items() if model.get("random_init")}
     for key, entry in record["tasks"].items():
-        found = [m for m in entry["models"].values() if m.get("sd_finetuning") is not None]
+        found = [m for name, m in entry["models"].items() if m.get("sd_finetuning") is not None and name not in random]
         if found:
             rms = [math.sqrt(sum(m[k] ** 2 for m in found) / len(found)) for k in ("sd_pretraining", "sd_finetuning")]
             rows.append([key, f"{rms[0]:.2f}", f"{rms[1]:.2f}", str(len(found))])
