@@ -240,12 +240,14 @@ def test_each_draw_of_a_row_of_random_twins_keeps_the_prefixes_it_was_given():
     whichever prefix comes first (the first checkpoint's spelling unchanged, so its grid resumes)."""
     from bert_suite.compare import parse_models
 
-    for given in ("bilstm:random:{}", "random:bilstm:{}"):
+    for given in ("bilstm:random:{}", "random:bilstm:{}", "random@1:bilstm:{}", "bilstm:random@1:{}"):
         models = parse_models(["pre=a,b,c", "twin=" + ",".join(given.format(p) for p in "abc")])
         specs = [ModelSpec.parse(models[label].model) for label in ("twin", "twin.2", "twin.3")]
         assert specs == [ModelSpec(p, random=True, bilstm=True, draw=k) for k, p in enumerate("abc", start=1)]
         assert models["twin"].model == given.format("a")
-    assert [parse_models(["pre=a,b", "r=random:a,random:b"])[k].model for k in ("r", "r.2")] == ["random:a", "random@2:b"]
+    for first in ("random", "random@1"):  # the strings of before, so the grids of a row of twins resume
+        models = parse_models(["pre=a,b", f"r={first}:a,{first}:b"])
+        assert [models[k].model for k in ("r", "r.2")] == [f"{first}:a", "random@2:b"]
 
 
 def test_several_pre_trainings_a_model_pair_by_position_and_a_random_twin_draws_once_per_checkpoint(setup, tmp_path):

@@ -92,8 +92,10 @@ def parse_models(values: list[str]) -> dict[str, Model]:
                                "checkpoints as PATH1,PATH2,...)")
         elements = given.split(",")
         specs = [ModelSpec.parse(element) for element in elements]
-        # one checkpoint however it is spelt (`a`, `./a`, `a/`): two grids of it would count as two pre-trainings
-        same = [(s.random, s.bilstm, s.draw, os.path.normpath(s.source)) for s in specs]
+        # one checkpoint however it is spelt (`a`, `./a`, `a/`, a link to it): two grids of it would count as two
+        # pre-trainings
+        same = [(s.random, s.bilstm, s.draw, os.path.realpath(s.source) if os.path.exists(s.source) else s.source)
+                for s in specs]
         twice = next((e for i, e in enumerate(elements) if same[i] in same[:i]), None)
         if twice is not None:
             raise CompareError(f"--model {value}: {twice} is given twice; expected each pre-training's checkpoint once")
@@ -103,8 +105,9 @@ def parse_models(values: list[str]) -> dict[str, Model]:
                 raise CompareError(f"--model {value}: a preset has no vocabulary of its own; expected a checkpoint, "
                                    "or random:PATH for a checkpoint's random twin")
             if spec.random and len(elements) > 1 and spec.draw == 1 and position > 1:  # its own fresh draw
-                head, rest = element.split(":", 1)  # random:[bilstm:]PATH or bilstm:random:PATH
-                element = f"random@{position}:{rest}" if head == "random" else f"{head}:random@{position}:{spec.source}"
+                head, rest = element.split(":", 1)  # random[@1]:[bilstm:]PATH or bilstm:random[@1]:PATH
+                element = (f"random@{position}:{rest}" if head.startswith("random")
+                           else f"{head}:random@{position}:{spec.source}")
             label = name if position == 1 else f"{name}.{position}"
             models[label] = Model(label, element, spec.source, spec.random, spec.bilstm,
                                   name if len(elements) > 1 else None, str(position))
