@@ -248,10 +248,20 @@ def install(study_path: str, output_dir: Path, source: Path, names: list[str] | 
     study = study_data(study_path)
     runs = {r.name: r for r in study.runs()}  # a variant at each pre-training seed: NAME, NAME.seedS
     came = [n for n in summary["variants"] if (unpacked / n / "final").is_dir()]
-    names = [n for n in came if runs.get(n) and (not names or runs[n].variant in names or n in names)]
-    strange = [n for n in came if n not in runs]
+    for name in names or []:  # --variants: a variant (each of its runs) or a run (NAME.seedS), come back
+        if name not in study.pretrained and name not in runs:
+            sys.exit(f"install: --variants {name}: not a pre-trained variant or run of {study_path} (its runs: "
+                     f"{', '.join(runs)})")
+        if not [n for n in came if n == name or runs.get(n) and runs[n].variant == name]:
+            sys.exit(f"install: --variants {name}: no final model of it came back in {source} (came back: "
+                     f"{', '.join(came) or 'none'})")
+    chosen = [n for n in came if not names or n in names or n in runs and runs[n].variant in names]
+    strange = [n for n in chosen if n not in runs]
     if strange:
         sys.exit(f"install: {strange[0]} came back but is no run of {study_path} (its runs: {', '.join(runs)})")
+    if not chosen:
+        sys.exit(f"install: no final model came back in {source}; expected NAME/final folders from `collect`")
+    names = chosen
     out = output_dir.resolve()
     progress = Progress()
     with data_lock(out):
