@@ -648,6 +648,7 @@ def test_a_variant_with_seeds_of_its_own_pairs_with_the_baseline_on_the_seeds_bo
     verdict and the contrast pair it with the baseline on the seeds both have, naming them (paired_on)."""
     from bert_suite.ablation import contrasts_of
     from bert_suite.ablation.finetune import models_of
+    from bert_suite.ablation.record import markdown
     from bert_suite.compare import build_result, resolve_task
 
     study = load_study(small_study(tmp_path, data, variants={"other": {"seeds": [42, 43]}},
@@ -664,8 +665,11 @@ def test_a_variant_with_seeds_of_its_own_pairs_with_the_baseline_on_the_seeds_bo
     assert list(result["tasks"]["rte"]["models"]["other"]["pretraining_scores"]) == ["42", "43"]
     versus = result["tasks"]["rte"]["vs_baseline"]["other"]
     assert versus["paired_on"] == ["42"] and versus["difference"] == pytest.approx(10.0)  # seed 43's 90 left out
-    contrast = contrasts_of(study, result, {})[0]["x"]["rte"]
+    per_task = contrasts_of(study, result, {})[0]
+    contrast = per_task["x"]["rte"]
     assert contrast["paired_on"] == ["42"] and contrast["scope"] == "checkpoints"
+    record = {**result, "contrasts": per_task, "curve": {}, "curve_contrasts": {}, "pretraining": {}, "command": "x"}
+    assert "not on every pre-training of either: x (seeds 42)." in markdown(record, study, None)
     assert "paired_on" not in result["tasks"]["rte"]["vs_baseline"]["random"]
 
 
@@ -1389,6 +1393,10 @@ def test_a_study_pretrained_on_another_machine_comes_back_checked_and_is_found_p
               for name in ("pre", "pre.seed43")}
     assert not all(torch.equal(theirs["pre"][k], theirs["pre.seed43"][k]) for k in theirs["pre"])  # two seeds
     shutil.rmtree(work)  # the other machine's paths are gone here
+    for wrong, says in (("nosuch", "not a pre-trained variant or run"), ("random", "not a pre-trained variant")):
+        refused = subprocess.run([*transfer, "install", str(study), str(here), str(back), "--variants", wrong],
+                                 capture_output=True, text=True)
+        assert refused.returncode != 0 and f"--variants {wrong}: {says}" in refused.stderr, refused.stderr
     installed = subprocess.run([*transfer, "install", str(study), str(here), str(back)], capture_output=True,
                                text=True)
     assert installed.returncode == 0, installed.stderr
@@ -1512,7 +1520,8 @@ def test_the_two_sources_of_noise_count_the_pre_trained_variants_not_a_random_tw
     large) stays out of the root mean square over the variants."""
     from bert_suite.ablation.record import spread_rows
 
-    models = {"pre": {"sd_pretraining": 3.0, "sd_finetuning": 1.0}, "mlm": {"sd_pretraining": 4.0, "sd_finetuning": 2.0},
+    models = {"pre": {"sd_pretraining": 3.0, "sd_finetuning": 1.0},
+              "mlm": {"sd_pretraining": 4.0, "sd_finetuning": 2.0},
               "random": {"sd_pretraining": 30.0, "sd_finetuning": 20.0}, "one": {"scores": [1.0, 2.0]}}
     record = {"models": {"pre": {}, "mlm": {}, "random": {"random_init": True}, "one": {}},
               "tasks": {"rte": {"models": models}}}

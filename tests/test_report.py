@@ -231,18 +231,20 @@ def test_a_comparison_on_the_common_pre_trainings_names_them_where_a_side_has_ot
 
 
 def test_the_multi_bootstrap_interval_is_the_spread_of_pre_trainings_drawn_again():
-    """Five pre-trainings whose fine-tuning seeds agree (d_s = 1, 2, 3, 4, 5): a draw's statistic is the mean of
-    five pre-trainings drawn with replacement, whose exact 2.5% and 97.5% points come from the 5^5 draws; the
-    Multi-Bootstrap lands on them (to a grid step of 0.2, its own sampling), far inside the range 1 to 5."""
+    """Five pre-trainings, one 10 points ahead and four level (d_s = 10, 0, 0, 0, 0; their fine-tuning seeds
+    agree): a draw's statistic is the mean of five pre-trainings drawn with replacement, whose exact 2.5% and
+    97.5% points (0 and 6) come from the 5^5 draws; the Multi-Bootstrap lands on them, where an interval of the
+    normal or t kind (2 ± 1.96 x 1.79) would run below zero."""
     import itertools
 
     import numpy as np
 
     from bert_suite.report import seeded_comparison
 
-    first = table({s: [70.0 + s, 70.0 + s] for s in range(1, 6)})
-    second = table({s: [70.0, 70.0] for s in range(1, 6)})
-    low, high = seeded_comparison(first, second)["bootstrap95"]
-    exact = np.percentile([sum(c) / 5 for c in itertools.product(range(1, 6), repeat=5)], [2.5, 97.5])
-    assert low == pytest.approx(exact[0], abs=0.2 + 1e-9) and high == pytest.approx(exact[1], abs=0.2 + 1e-9)
-    assert 1.5 < low < high < 4.5
+    ahead = [10.0, 0.0, 0.0, 0.0, 0.0]
+    first = table({s: [70.0 + d, 70.0 + d] for s, d in enumerate(ahead)})
+    second = table({s: [70.0, 70.0] for s in range(5)})
+    found = seeded_comparison(first, second)
+    exact = np.percentile([sum(c) / 5 for c in itertools.product(ahead, repeat=5)], [2.5, 97.5])
+    assert list(exact) == [0.0, 6.0] and found["bootstrap95"] == pytest.approx([0.0, 6.0], abs=1e-9)
+    assert found["ci95"][0] < 0  # the t interval's lower end

@@ -165,6 +165,12 @@ def markdown(record: dict, study: Study, decontamination: dict | None) -> str:
                   f"Each cell: first minus second, the mean paired difference ± its SE ({scope_text(found)}) [95% "
                   f"interval, Student's t with {found['df']} degrees of freedom], and the verdict: ahead or behind when "
                   "the interval lies wholly above or below zero, else level.", ""]
+        subset = {label: by_task[tasks[0]]["paired_on"] for label, by_task in record["contrasts"].items()
+                  if tasks and "paired_on" in by_task[tasks[0]]}
+        if subset:
+            pairs = "; ".join(f"{label} (seeds {', '.join(seeds)})" for label, seeds in subset.items())
+            lines += [f"Paired on the pre-training seeds both variants have, not on every pre-training of either: "
+                      f"{pairs}.", ""]
         if found["scope"] == "checkpoints":
             lines += ["One pre-training a variant: these verdicts are about these checkpoints, not about the recipes "
                       "that made them (a second pre-training of one recipe can move a score as much as the objectives "
@@ -177,8 +183,8 @@ def markdown(record: dict, study: Study, decontamination: dict | None) -> str:
                                                              "seeds", "variants"], spread), "",
                   "The standard deviation of a variant's score across its pre-trainings (each the mean over the "
                   "fine-tuning seeds) and across fine-tuning seeds within one pre-training (pooled), as the root mean "
-                  "square over the variants: where the first is not small against the second, one pre-training a "
-                  "variant cannot rank the recipes.", ""]
+                  "square over the pre-trained variants (not the random twins): where the first is not small "
+                  "against the second, one pre-training a variant cannot rank the recipes.", ""]
     if record["curve"]:
         steps = sorted({p["step"] for by_task in record["curve"].values() for ps in by_task.values() for p in ps})
         rows = [[name, key, *(next((f"{p['mean']:.1f} ± {p['se']:.1f}" for p in points if p["step"] == s), "")
