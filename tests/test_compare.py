@@ -18,7 +18,7 @@ import torch
 from bert_suite import faults
 from bert_suite.cards import load_card
 from bert_suite.cli import main as cli_main
-from bert_suite.compare import Model, Task, build_result, markdown
+from bert_suite.compare import CompareError, Model, Task, build_result, markdown
 from bert_suite.pretraining.instances import build_pretraining_dataset
 from bert_suite.runner import ModelSpec, RunError, load_model
 from helpers import (
@@ -248,6 +248,15 @@ def test_each_draw_of_a_row_of_random_twins_keeps_the_prefixes_it_was_given():
     for first in ("random", "random@1"):  # the strings of before, so the grids of a row of twins resume
         models = parse_models(["pre=a,b", f"r={first}:a,{first}:b"])
         assert [models[k].model for k in ("r", "r.2")] == [f"{first}:a", "random@2:b"]
+    # a draw number given where another checkpoint of the row draws it: one draw twice, two grids of one model
+    drawn_twice = r"is given twice; expected each pre-training's checkpoint once \(a random twin's K-th checkpoint is"
+    for given, message in (("random@2:a,random:a", f"random:a {drawn_twice}"),
+                           ("bilstm:random@2:a,random:bilstm:a", f"random:bilstm:a {drawn_twice}"),
+                           ("random@2:a,random@1:a", f"random@1:a {drawn_twice}"),
+                           ("random:a,random:a", r"random:a is given twice; expected each pre-training's checkpoint "
+                                                 r"once$")):
+        with pytest.raises(CompareError, match=message):
+            parse_models(["pre=a,b", f"r={given}"])
 
 
 def test_several_pre_trainings_a_model_pair_by_position_and_a_random_twin_draws_once_per_checkpoint(setup, tmp_path):

@@ -92,22 +92,25 @@ def parse_models(values: list[str]) -> dict[str, Model]:
                                "checkpoints as PATH1,PATH2,...)")
         elements = given.split(",")
         specs = [ModelSpec.parse(element) for element in elements]
-        # one checkpoint however it is spelt (`a`, `./a`, `a/`, a link to it): two grids of it would count as two
-        # pre-trainings
-        same = [(s.random, s.bilstm, s.draw, os.path.realpath(s.source) if os.path.exists(s.source) else s.source)
-                for s in specs]
-        twice = next((e for i, e in enumerate(elements) if same[i] in same[:i]), None)
-        if twice is not None:
-            raise CompareError(f"--model {value}: {twice} is given twice; expected each pre-training's checkpoint once")
+        # a random twin of several checkpoints: each its own fresh draw (random@K for the K-th; the first's
+        # spelling unchanged, so its grid resumes)
+        drawn = [_own_draw(element, spec, position, len(elements))
+                 for position, (element, spec) in enumerate(zip(elements, specs, strict=True), start=1)]
+        # one checkpoint however it is spelt (`a`, `./a`, `a/`, a link to it), as given or as drawn (`random@2:a,
+        # random:a` is draw 2 twice): two grids of it would count as two pre-trainings
+        for forms in (elements, drawn):
+            same = [(s.random, s.bilstm, s.draw, os.path.realpath(s.source) if os.path.exists(s.source) else s.source)
+                    for s in map(ModelSpec.parse, forms)]
+            twice = next((i for i in range(len(same)) if same[i] in same[:i]), None)
+            if twice is not None:
+                raise CompareError(f"--model {value}: {elements[twice]} is given twice; expected each pre-training's "
+                                   "checkpoint once" + (" (a random twin's K-th checkpoint is its draw K, random@K)"
+                                                        if forms is drawn else ""))
         rows[name] = []
-        for position, (element, spec) in enumerate(zip(elements, specs, strict=True), start=1):
+        for position, (element, spec) in enumerate(zip(drawn, specs, strict=True), start=1):
             if spec.source.startswith("preset:"):
                 raise CompareError(f"--model {value}: a preset has no vocabulary of its own; expected a checkpoint, "
                                    "or random:PATH for a checkpoint's random twin")
-            if spec.random and len(elements) > 1 and spec.draw == 1 and position > 1:  # its own fresh draw
-                head, rest = element.split(":", 1)  # random[@1]:[bilstm:]PATH or bilstm:random[@1]:PATH
-                element = (f"random@{position}:{rest}" if head.startswith("random")
-                           else f"{head}:random@{position}:{spec.source}")
             label = name if position == 1 else f"{name}.{position}"
             models[label] = Model(label, element, spec.source, spec.random, spec.bilstm,
                                   name if len(elements) > 1 else None, str(position))
@@ -125,6 +128,16 @@ def parse_models(values: list[str]) -> dict[str, Model]:
                                f"{len(rows[first])}: rows pair by position (pre-training K with pre-training K), so "
                                "each needs the same number")
     return models
+
+
+def _own_draw(element: str, spec: ModelSpec, position: int, count: int) -> str:
+    """The element of a row's checkpoint `position` of `count`: a random twin given without a draw number
+    (`random:PATH`, `bilstm:random:PATH`) past the first becomes its own draw, random@POSITION, its other prefixes
+    kept."""
+    if not (spec.random and count > 1 and spec.draw == 1 and position > 1):
+        return element
+    head, rest = element.split(":", 1)  # random[@1]:[bilstm:]PATH or bilstm:random[@1]:PATH
+    return f"random@{position}:{rest}" if head.startswith("random") else f"{head}:random@{position}:{spec.source}"
 
 
 def rows_of(models: dict[str, Model]) -> dict[str, list[Model]]:
