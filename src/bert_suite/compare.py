@@ -34,7 +34,7 @@ from pathlib import Path
 from .cards import CardError, TaskCard, load_card
 from .io import atomic_write_text, save_figure
 from .model_spec import ModelSpec, RunError
-from .report import choose_setting, common_comparison, md_table, mean_se, scope_text, seed_scores
+from .report import choose_setting, common_comparison, md_table, mean_se, scope_text, seed_scores, seed_table
 
 SETTING_NAMES = ("learning_rate", "batch_size", "epochs")
 _NAME = re.compile(r"[A-Za-z0-9][\w.-]*")
@@ -441,11 +441,6 @@ def recipe_scores(grids: dict[str, dict[tuple, dict[int, float]]], seeds: list[i
             "sd_finetuning": math.sqrt(statistics.fmean(within)) if within else None}
 
 
-def seeded_table(entry: dict, seeds: list) -> dict:
-    """A row's pretraining_scores as seeded_comparison's table {pre-training: {fine-tuning seed: score}}."""
-    return {key: dict(zip(map(str, seeds), scores, strict=True)) for key, scores in entry["pretraining_scores"].items()}
-
-
 def build_result(baseline: str, seeds: list[int], models: dict[str, Model], tasks: dict[str, Task],
                  found: dict[str, dict[str, dict]]) -> dict:
     """compare.json from each task's and checkpoint's grid scores ({task: {checkpoint: {setting: {seed:
@@ -465,8 +460,8 @@ def build_result(baseline: str, seeds: list[int], models: dict[str, Model], task
                                                  f"{task.key}, {row}")
         for row in rows:
             if row != baseline:
-                entry["vs_baseline"][row] = common_comparison(seeded_table(entry["models"][row], seeds),
-                                                              seeded_table(entry["models"][baseline], seeds))
+                entry["vs_baseline"][row] = common_comparison(seed_table(entry["models"][row], seeds),
+                                                              seed_table(entry["models"][baseline], seeds))
         result["tasks"][task.key] = entry
     return result
 

@@ -173,6 +173,14 @@ def one_checkpoint(scores: list[float], seeds: list) -> dict:
     return {"1": dict(zip(map(str, seeds), scores, strict=True))}
 
 
+def seed_table(entry: dict, seeds: list | None) -> dict:
+    """A row of compare.json or ablation.json (its pretraining_scores, {pre-training: per-seed scores}; a record
+    without them: its `scores`, one pre-training) as seeded_comparison's table; `seeds` the fine-tuning seeds
+    (None: 1, 2, ...)."""
+    table = entry.get("pretraining_scores") or {"1": entry["scores"]}
+    return {k: dict(zip(map(str, seeds or range(1, len(v) + 1)), v, strict=True)) for k, v in table.items()}
+
+
 def common_comparison(first: dict, second: dict) -> dict:
     """`seeded_comparison` on the pre-training seeds both tables have (a variant with seeds of its own beside a
     baseline's). Where either has seeds the other lacks, `paired_on` lists the seeds the comparison used, so a

@@ -84,21 +84,10 @@ def data_facts(data) -> dict:
             "not_next_share": round(stats["not_next_share"], 4), "vocab_size": vocab_size(data.vocab)}
 
 
-def seed_table(entry: dict, seeds: list | None) -> dict:
-    """A row's pretraining_scores ({pre-training seed: per-seed scores}; a record without them: its `scores`, one
-    pre-training) as seeded_comparison's table."""
-    table = pretrainings_of(entry)
-    return {k: dict(zip(map(str, seeds or range(1, len(v) + 1)), v, strict=True)) for k, v in table.items()}
-
-
-def pretrainings_of(entry: dict) -> dict:
-    return entry.get("pretraining_scores") or {"1": entry["scores"]}
-
-
 def contrast(first: dict, second: dict, seeds: list | None) -> dict:
     """`seeded_comparison` of two rows (a task's entries, or two points of the curve), on their common
     pre-training seeds (`paired_on` names them where either row has others)."""
-    from ..report import common_comparison
+    from ..report import common_comparison, seed_table
 
     return common_comparison(seed_table(first, seeds), seed_table(second, seeds))
 
