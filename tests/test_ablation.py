@@ -853,6 +853,16 @@ def test_a_donor_off_the_curve_writes_the_snapshots_that_its_biphasic_run_on_the
     ltr, bi = out / "pretraining" / "ltr", out / "pretraining" / "bi"
     assert launched == [("ltr", "3", None), ("bi", "3", ltr / "checkpoints" / "step-3")]
     assert json.loads((bi / "snapshots" / "step-3" / "config.json").read_text()) == {"run": "ltr"}  # ltr's, copied
+    # a run installed from another machine (tools/study_transfer.py install) gets the stage's keys, the extra
+    # snapshot included: its stage record is the one the study then accepts (the bare recipe keys are refused)
+    data = {"ltr": None, "bi": None}
+    donor = next(r for r in study.runs(["ltr"]))
+    mine = stages.run_overrides(study, donor, data, ltr, 6, stages.data_starts(study, 6, data))
+    assert (mine["snapshot_steps"], mine["keep_checkpoints"]) == ("3", "3")
+    stages.check_pretraining(out, "ltr", mine, True)
+    with pytest.raises(AblationError, match="snapshot_steps"):
+        stages.check_pretraining(out, "ltr", launch.recipe_overrides(study, "ltr", None, ltr, 6, seed=donor.seed),
+                                 True)
 
 
 @pytest.mark.slow  # two pre-trainings and the data stages (40 s on 2 busy cores): make test-all; make test keeps the

@@ -236,9 +236,16 @@ def localized(results: dict, overrides: dict, device: str) -> dict:
 def install(study_path: str, output_dir: Path, source: Path, names: list[str] | None, device: str | None) -> None:
     import torch
 
-    from bert_suite.ablation.launch import recipe_overrides
     from bert_suite.ablation.locks import data_lock, variant_lock
-    from bert_suite.ablation.stages import Progress, build_data, check_pretraining, plan_steps, task_data
+    from bert_suite.ablation.stages import (
+        Progress,
+        build_data,
+        check_pretraining,
+        data_starts,
+        plan_steps,
+        run_overrides,
+        task_data,
+    )
 
     for archive in sorted(source.glob("*.tar*")):  # records.tar.gz and models-K.tar, unpacked beside them
         with tarfile.open(archive) as tar:
@@ -286,7 +293,8 @@ def install(study_path: str, output_dir: Path, source: Path, names: list[str] | 
                 sys.exit(f"install: {name}'s {key} ({length} tokens) differs from this folder's: {theirs} against "
                          f"{mine}")
         run = out / "pretraining" / name
-        overrides = recipe_overrides(study, variant, data[variant], run, steps, seed=seed)
+        # the stage's own keys, with what a donor keeps for its biphasic runs: the study then takes it as its own
+        overrides = run_overrides(study, runs[name], data, run, steps, data_starts(study, steps, data))
         with variant_lock(out, name):
             if run.exists():
                 aside = out / "pretraining-replaced" / name

@@ -563,6 +563,36 @@ def run_starts(study: Study, steps: int) -> dict[str, tuple[str, int]]:
     return found
 
 
+def data_starts(study: Study, steps: int, data: dict[str, Data]) -> dict[str, tuple[str, int]]:
+    """`run_starts` of the runs whose variant and donor have their data among `data` (a --variant run builds
+    its variants' data and that of the variants sharing it)."""
+    every = {run.name: run for run in study.runs()}
+    return {name: start for name, start in run_starts(study, steps).items()
+            if all(every[r].variant in data for r in (name, start[0]))}
+
+
+def run_overrides(study: Study, run, data: dict[str, Data], path: Path, steps: int,
+                  starts: dict[str, tuple[str, int]]) -> dict:
+    """The recipe's keys for one run (`Study.runs`' run, at `path`), with what it keeps for the runs that start
+    from its checkpoint (`starts`: `data_starts`): that checkpoint (`keep_checkpoints`) and, where such a run is
+    on the curve, its snapshots of the steps before it, which that run copies (`snapshot_steps`; else it would
+    train those steps again). The pre-training stage and a run installed from another machine (its stage
+    record) both take them from here."""
+    from .launch import config_value, recipe_overrides
+
+    overrides = recipe_overrides(study, run.variant, data[run.variant], path, steps, seed=run.seed)
+    every = {r.name: r for r in study.runs()}
+    kept = sorted(step for donor, step in starts.values() if donor == run.name)
+    if kept:
+        overrides["keep_checkpoints"] = ",".join(map(str, kept))
+    copied = {s for name, (donor, step) in starts.items() if donor == run.name
+              and every[name].variant in study.curve_variants
+              for s in study.pretraining.checkpoints if s <= step and s < steps}
+    if copied and copied - set(own := config_value(overrides, "snapshot_steps")):
+        overrides["snapshot_steps"] = ",".join(map(str, sorted(set(own) | copied)))
+    return overrides
+
+
 def passed_over(out: Path, name: str, starts: dict[str, tuple[str, int]]) -> bool:
     """Whether a run that does not wait (`pretrain`'s `pass_held`) leaves the unfinished run `name` for now:
     another process pre-trains it, or it starts from the checkpoint of a run another process pre-trains
@@ -588,25 +618,15 @@ def pretrain(study: Study, out: Path, data: dict[str, Data], steps: int, only: l
     seeds; `only`, `seeds`: these), one after another, each under its lock: a run another process is training
     is waited for, then found done; with `pass_held`, it is passed over instead (`passed_over`). Returns the runs
     passed over."""
-    from .launch import config_value, launch_recipe, recipe_overrides
+    from .launch import launch_recipe
     from .locks import held_elsewhere, variant_lock, variant_lock_path
 
     chosen = {run.name: run for run in study.runs(only, seeds)}
     every = {run.name: run for run in study.runs()}
     paths = {name: out / "pretraining" / name for name in every}
-    starts = {name: start for name, start in run_starts(study, steps).items()
-              if all(every[r].variant in data for r in (name, start[0]))}
+    starts = data_starts(study, steps, data)
     held = [name for name in chosen if pass_held and passed_over(out, name, starts)]
     todo = [name for name in chosen if name not in held]
-    kept: dict[str, list[int]] = {}
-    for donor, step in starts.values():
-        kept.setdefault(donor, []).append(step)
-    # a run on the curve that starts from a donor's checkpoint copies the donor's snapshots of the steps before it:
-    # the donor writes them even when it is not on the curve itself (else the run would train those steps again)
-    copied: dict[str, set[int]] = {}
-    for name, (donor, step) in starts.items():
-        if every[name].variant in study.curve_variants:
-            copied.setdefault(donor, set()).update(s for s in study.pretraining.checkpoints if s <= step and s < steps)
     pace = measured_pace(every, paths)  # {variant: [seconds, steps]}: the finished runs', then this process's too
     for number in range(len(todo)):
         # the next run in order that waits for nobody: a run whose donor another process trains, its checkpoint at
@@ -621,12 +641,8 @@ def pretrain(study: Study, out: Path, data: dict[str, Data], steps: int, only: l
                            "process trains it): its first steps are that run's")
             while passed_over(out, name, starts):
                 time.sleep(DONOR_POLL)
-        run, seed = paths[name], chosen[name].seed
-        overrides = recipe_overrides(study, chosen[name].variant, data[chosen[name].variant], run, steps, seed=seed)
-        if name in kept:
-            overrides["keep_checkpoints"] = ",".join(map(str, sorted(kept[name])))
-        if name in copied and copied[name] - set(own := config_value(overrides, "snapshot_steps")):
-            overrides["snapshot_steps"] = ",".join(map(str, sorted(set(own) | copied[name])))
+        run = paths[name]
+        overrides = run_overrides(study, chosen[name], data, run, steps, starts)
         with variant_lock(out, name):
             check_pretraining(out, name, overrides, run.is_dir() and any(run.iterdir()))
             done = finished_steps(run)
