@@ -648,7 +648,7 @@ def test_a_variant_with_seeds_of_its_own_pairs_with_the_baseline_on_the_seeds_bo
     verdict and the contrast pair it with the baseline on the seeds both have, naming them (paired_on)."""
     from bert_suite.ablation import contrasts_of
     from bert_suite.ablation.finetune import models_of
-    from bert_suite.ablation.record import markdown
+    from bert_suite.ablation.record import curve_unit, markdown
     from bert_suite.compare import build_result, resolve_task
 
     study = load_study(small_study(tmp_path, data, variants={"other": {"seeds": [42, 43]}},
@@ -669,8 +669,26 @@ def test_a_variant_with_seeds_of_its_own_pairs_with_the_baseline_on_the_seeds_bo
     contrast = per_task["x"]["rte"]
     assert contrast["paired_on"] == ["42"] and contrast["scope"] == "checkpoints"
     record = {**result, "contrasts": per_task, "curve": {}, "curve_contrasts": {}, "pretraining": {}, "command": "x"}
-    assert "not on every pre-training of either: x (seeds 42)." in markdown(record, study, None)
+    md = markdown(record, study, None)
+    assert "not on every pre-training of either: x (seeds 42)." in md
     assert "paired_on" not in result["tasks"]["rte"]["vs_baseline"]["random"]
+    # each unit said of the rows and pairs it is true of: other's SE counts its two pre-trainings, pre's and the
+    # twin's their fine-tuning seeds, and the one question pairs on one pre-training
+    assert "over a recipe's pre-trainings where it has several (other: 2)" in md
+    assert "over fine-tuning seeds 1, 2 for a model of one pre-training (pre, random): its SE speaks about that " \
+           "checkpoint" in md
+    assert "(these checkpoints: SE over 2 fine-tuning seeds) [95% interval, Student's t with 1 degree of freedom]" in md
+    assert "Paired on one pre-training (x): those verdicts are about these checkpoints" in md
+    single = json.loads(json.dumps(record))  # every variant of one pre-training: the sentence for the whole table
+    for model in single["tasks"]["rte"]["models"].values():
+        model["pretraining_scores"] = {"42": model["pretraining_scores"]["42"]}
+    assert "One pre-training a variant: these verdicts are about these checkpoints" in markdown(single, study, None)
+    curve = {"pre": {"rte": [{"pretraining_scores": {"42": [60, 62]}}]},
+             "other": {"rte": [{"pretraining_scores": {"42": [70, 72], "43": [90, 92]}}]}}
+    assert curve_unit({"seeds": [1, 2], "curve": curve}).startswith(
+        "Each cell: the mean ± SE over the variant's pre-trainings where it has several (other: 2), each "
+        "pre-training's score the mean over fine-tuning seeds 1, 2 at that step: the SE counts pre-trainings (the "
+        "recipes); over fine-tuning seeds 1, 2 for a variant of one pre-training (pre): that checkpoint.")
 
 
 def test_a_launch_counts_its_time_while_it_runs_so_a_killed_session_keeps_it(tmp_path, monkeypatch):

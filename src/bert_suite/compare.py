@@ -34,7 +34,7 @@ from pathlib import Path
 from .cards import CardError, TaskCard, load_card
 from .io import atomic_write_text, save_figure
 from .model_spec import ModelSpec, RunError
-from .report import choose_setting, common_comparison, md_table, mean_se, scope_text, seed_scores, seed_table
+from .report import choose_setting, common_comparison, md_table, mean_se, scopes_text, seed_scores, seed_table
 
 SETTING_NAMES = ("learning_rate", "batch_size", "epochs")
 _NAME = re.compile(r"[A-Za-z0-9][\w.-]*")
@@ -493,21 +493,29 @@ def markdown_table(result: dict) -> list[str]:
 
 
 def unit_text(result: dict) -> str:
-    """What the table's ± and verdicts count, in one sentence."""
-    seeds = result["seeds"]
-    found = next((d for entry in result["tasks"].values() for d in entry["vs_baseline"].values()), None)
-    counts = {len(m["pretraining_scores"]) for entry in result["tasks"].values() for m in entry["models"].values()}
-    n = max(counts, default=1)
-    if n > 1:
-        unit = (f"Mean ± standard error over {n} pre-trainings of each recipe, each pre-training's score the mean over "
-                f"fine-tuning seeds {', '.join(map(str, seeds))} (scores 0-100): the SE counts pre-trainings, so a "
+    """What the table's ± and verdicts count, in one sentence (a row's pre-trainings where it has several; an
+    ablation's variants may have different numbers of them)."""
+    seeds = ", ".join(map(str, result["seeds"]))
+    found = [d for entry in result["tasks"].values() for d in entry["vs_baseline"].values()]
+    counts = {name: len(m["pretraining_scores"]) for entry in result["tasks"].values()
+              for name, m in entry["models"].items()}
+    several = {name: n for name, n in counts.items() if n > 1}
+    if several and len(set(counts.values())) == 1:
+        unit = (f"Mean ± standard error over {max(counts.values())} pre-trainings of each recipe, each pre-training's "
+                f"score the mean over fine-tuning seeds {seeds} (scores 0-100): the SE counts pre-trainings, so a "
                 "verdict speaks about the recipes")
+    elif several:
+        unit = (f"Mean ± standard error over a recipe's pre-trainings where it has several "
+                f"({', '.join(f'{name}: {n}' for name, n in several.items())}), each pre-training's score the mean "
+                f"over fine-tuning seeds {seeds}: the SE counts pre-trainings; over fine-tuning seeds {seeds} for a "
+                f"model of one pre-training ({', '.join(n for n in counts if n not in several)}): its SE speaks about "
+                "that checkpoint (scores 0-100)")
     else:
-        unit = (f"Mean ± standard error over fine-tuning seeds {', '.join(map(str, seeds))} (scores 0-100), one "
-                "pre-training a model: a verdict speaks about these checkpoints, not the recipes that made them")
-    if found is None:
+        unit = (f"Mean ± standard error over fine-tuning seeds {seeds} (scores 0-100), one pre-training a model: a "
+                "verdict speaks about these checkpoints, not the recipes that made them")
+    if not found:
         return unit + "."
-    return (unit + f"; in brackets the paired difference from {result['baseline']} ± its SE ({scope_text(found)}) "
+    return (unit + f"; in brackets the paired difference from {result['baseline']} ± its SE ({scopes_text(found)}) "
             "and the verdict: ahead or behind when its 95% interval (Student's t) lies wholly above or below zero, "
             "else level.")
 

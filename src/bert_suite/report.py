@@ -205,6 +205,22 @@ def scope_text(comparison: dict) -> str:
     return f"these checkpoints: SE over {comparison['finetunings']} fine-tuning seeds"
 
 
+def scopes_text(comparisons: list[dict]) -> str:
+    """`scope_text` of several comparisons (a table's): one where they agree, else each unit once, joined (a
+    variant with pre-training seeds of its own pairs on the seeds it shares with the other side)."""
+    texts = list(dict.fromkeys(scope_text(c) for c in comparisons))
+    if len(texts) == 1:
+        return texts[0]
+    return " or ".join(texts) + ", as many pre-trainings as the two sides share"
+
+
+def degrees_text(comparisons: list[dict]) -> str:
+    """The degrees of freedom of a table's comparisons: "4 degrees of freedom", or "2 or 1 degrees of freedom"
+    where they differ."""
+    found = sorted({c["df"] for c in comparisons}, reverse=True)
+    return f"{' or '.join(map(str, found))} degree{'s' * (found != [1])} of freedom"
+
+
 def _is_score(key: str) -> bool:
     return not any(marker in key for marker in _NOT_SCORE_MARKERS)
 

@@ -113,11 +113,19 @@ def curve_unit(record: dict) -> str:
     """What the curve table's ± counts, in one sentence: pre-trainings where a variant has several, else the
     fine-tuning seeds of its one checkpoint."""
     seeds = ", ".join(map(str, record.get("seeds") or []))
-    several = max((len(p.get("pretraining_scores") or {}) for by_task in record["curve"].values()
-                   for points in by_task.values() for p in points), default=1)
-    if several > 1:
-        return (f"Each cell: the mean ± SE over the variant's {several} pre-trainings, each pre-training's score the "
-                f"mean over fine-tuning seeds {seeds} at that step: the SE counts pre-trainings (the recipes).")
+    counts = {name: max((len(p.get("pretraining_scores") or {}) for points in by_task.values() for p in points),
+                        default=1) for name, by_task in record["curve"].items()}
+    several = {name: n for name, n in counts.items() if n > 1}
+    if several and len(set(counts.values())) == 1:
+        return (f"Each cell: the mean ± SE over the variant's {max(several.values())} pre-trainings, each "
+                f"pre-training's score the mean over fine-tuning seeds {seeds} at that step: the SE counts "
+                "pre-trainings (the recipes).")
+    if several:
+        return (f"Each cell: the mean ± SE over the variant's pre-trainings where it has several "
+                f"({', '.join(f'{name}: {n}' for name, n in several.items())}), each pre-training's score the mean "
+                f"over fine-tuning seeds {seeds} at that step: the SE counts pre-trainings (the recipes); over "
+                f"fine-tuning seeds {seeds} for a variant of one pre-training "
+                f"({', '.join(n for n in counts if n not in several)}): that checkpoint.")
     return (f"Each cell: the mean ± SE over fine-tuning seeds {seeds} of one pre-training a variant: these "
             "checkpoints, not the recipes that made them.")
 
@@ -139,7 +147,7 @@ def spread_rows(record: dict) -> list[list[str]]:
 def markdown(record: dict, study: Study, decontamination: dict | None) -> str:
     """ablation.md; `decontamination`: {corpus stage: its counts} of the corpora that were decontaminated."""
     from ..compare import markdown_table, same_model_lines, unit_text
-    from ..report import md_table, scope_text
+    from ..report import degrees_text, md_table, scopes_text
 
     lines = [f"# {study.title}", "", f"`{record['command']}`", "", *markdown_table(record), "",
              unit_text(record) + " Each model's setting is the one with the best mean dev score over its seeds and "
@@ -149,10 +157,10 @@ def markdown(record: dict, study: Study, decontamination: dict | None) -> str:
         rows = [[label, *(f"{d['difference']:+.1f} ± {d['se']:.1f} [{d['ci95'][0]:+.1f}, {d['ci95'][1]:+.1f}] "
                           f"{d['verdict']}" for d in (by_task[t] for t in tasks))]
                 for label, by_task in record["contrasts"].items()]
-        found = next(iter(next(iter(record["contrasts"].values())).values()))
+        found = [d for by_task in record["contrasts"].values() for d in by_task.values()]
         lines += ["## The study's questions, paired by seed", "", *md_table(["question", *tasks], rows), "",
-                  f"Each cell: first minus second, the mean paired difference ± its SE ({scope_text(found)}) [95% "
-                  f"interval, Student's t with {found['df']} degrees of freedom], and the verdict: ahead or behind when "
+                  f"Each cell: first minus second, the mean paired difference ± its SE ({scopes_text(found)}) [95% "
+                  f"interval, Student's t with {degrees_text(found)}], and the verdict: ahead or behind when "
                   "the interval lies wholly above or below zero, else level.", ""]
         subset = {label: by_task[tasks[0]]["paired_on"] for label, by_task in record["contrasts"].items()
                   if tasks and "paired_on" in by_task[tasks[0]]}
@@ -160,12 +168,17 @@ def markdown(record: dict, study: Study, decontamination: dict | None) -> str:
             pairs = "; ".join(f"{label} (seeds {', '.join(seeds)})" for label, seeds in subset.items())
             lines += [f"Paired on the pre-training seeds both variants have, not on every pre-training of either: "
                       f"{pairs}.", ""]
-        if found["scope"] == "checkpoints":
-            lines += ["One pre-training a variant: these verdicts are about these checkpoints, not about the recipes "
-                      "that made them (a second pre-training of one recipe can move a score as much as the objectives "
-                      "under comparison do). A verdict about the recipes needs pretraining.seeds: two at the least, "
-                      "three or more for a usable interval (with 2, t has 1 degree of freedom: 12.7 SE on each side).",
-                      ""]
+        one = [label for label, by_task in record["contrasts"].items()
+               if any(d["scope"] == "checkpoints" for d in by_task.values())]
+        if one:
+            single = all(len(m.get("pretraining_scores") or {"1": 0}) == 1 for entry in record["tasks"].values()
+                         for m in entry["models"].values())
+            lines += [("One pre-training a variant: these verdicts are" if single else
+                       f"Paired on one pre-training ({', '.join(one)}): those verdicts are") +
+                      " about these checkpoints, not about the recipes that made them (a second pre-training of one "
+                      "recipe can move a score as much as the objectives under comparison do). A verdict about the "
+                      "recipes needs two pre-training seeds in common at the least, three or more for a usable interval "
+                      "(with 2, t has 1 degree of freedom: 12.7 SE on each side).", ""]
     spread = spread_rows(record)
     if spread:
         lines += ["## Two sources of noise", "", *md_table(["task", "SD across pre-trainings", "SD across fine-tuning "
@@ -182,9 +195,9 @@ def markdown(record: dict, study: Study, decontamination: dict | None) -> str:
         lines += ["## Fine-tuning score against pre-training steps", "",
                   *md_table(["variant", "task", *(f"{s:,}" for s in steps)], rows), "", curve_unit(record), ""]
         contrasts = record.get("curve_contrasts", {})
-        point = next((f["points"][0] for by_task in contrasts.values() for f in by_task.values()), None)
-        if point is not None:
-            lines += [f"Paired differences along the curve, first minus second ± SE ({scope_text(point)}):", ""]
+        points = [p for by_task in contrasts.values() for f in by_task.values() for p in f["points"]]
+        if points:
+            lines += [f"Paired differences along the curve, first minus second ± SE ({scopes_text(points)}):", ""]
         for label, by_task in contrasts.items():
             for key, found in sorted(by_task.items()):
                 where = (f"ahead (95% interval above zero) from step {found['ahead_from']:,} on" if found["ahead_from"]
