@@ -674,21 +674,37 @@ def test_a_variant_with_seeds_of_its_own_pairs_with_the_baseline_on_the_seeds_bo
     assert "paired_on" not in result["tasks"]["rte"]["vs_baseline"]["random"]
     # each unit said of the rows and pairs it is true of: other's SE counts its two pre-trainings, pre's and the
     # twin's their fine-tuning seeds, and the one question pairs on one pre-training
-    assert "over a recipe's pre-trainings where it has several (other: 2)" in md
+    assert "over each recipe's pre-trainings (other: 2), each pre-training's score the mean over fine-tuning " \
+           "seeds 1, 2: the SE counts pre-trainings, so it speaks about the recipe; over" in md
     assert "over fine-tuning seeds 1, 2 for a model of one pre-training (pre, random): its SE speaks about that " \
            "checkpoint" in md
     assert "(these checkpoints: SE over 2 fine-tuning seeds) [95% interval, Student's t with 1 degree of freedom]" in md
-    assert "Paired on one pre-training (x): those verdicts are about these checkpoints" in md
+    assert "Paired on one pre-training (x): that verdict is about those checkpoints, not" in md
+    assert "needs pretraining.seeds: two in common at the least" in md
     single = json.loads(json.dumps(record))  # every variant of one pre-training: the sentence for the whole table
     for model in single["tasks"]["rte"]["models"].values():
         model["pretraining_scores"] = {"42": model["pretraining_scores"]["42"]}
-    assert "One pre-training a variant: these verdicts are about these checkpoints" in markdown(single, study, None)
+    assert "One pre-training a variant: these verdicts are about these checkpoints, not about the recipes that made " \
+           "them" in (md := markdown(single, study, None)) and "needs pretraining.seeds: two at the least" in md
     curve = {"pre": {"rte": [{"pretraining_scores": {"42": [60, 62]}}]},
              "other": {"rte": [{"pretraining_scores": {"42": [70, 72], "43": [90, 92]}}]}}
     assert curve_unit({"seeds": [1, 2], "curve": curve}).startswith(
-        "Each cell: the mean ± SE over the variant's pre-trainings where it has several (other: 2), each "
+        "Each cell: the mean ± SE over the variant's pre-trainings (other: 2), each "
         "pre-training's score the mean over fine-tuning seeds 1, 2 at that step: the SE counts pre-trainings (the "
         "recipes); over fine-tuning seeds 1, 2 for a variant of one pre-training (pre): that checkpoint.")
+    curve["pre"]["rte"][0]["pretraining_scores"]["43"] = [61, 63]
+    curve["other"]["rte"][0]["pretraining_scores"]["44"] = [80, 82]
+    assert curve_unit({"seeds": [1, 2], "curve": curve}).endswith("(pre: 2, other: 3), each pre-training's score the "
+                                                                   "mean over fine-tuning seeds 1, 2 at that step: the "
+                                                                   "SE counts pre-trainings (the recipes).")
+    # two and three pre-trainings a recipe (a variant with seeds of its own, both several): no row of one
+    from bert_suite.compare import unit_text
+    three = json.loads(json.dumps(result))
+    for name, seeds in (("pre", ["42", "43"]), ("random", ["42", "43"]), ("other", ["42", "43", "44"])):
+        three["tasks"]["rte"]["models"][name]["pretraining_scores"] = {s: [50.0, 52.0] for s in seeds}
+    assert unit_text(three).startswith("Mean ± standard error over each recipe's pre-trainings (pre: 2, random: 2, "
+                                       "other: 3), each pre-training's score the mean over fine-tuning seeds 1, 2: the "
+                                       "SE counts pre-trainings, so it speaks about the recipe (scores 0-100); in ")
 
 
 def test_a_launch_counts_its_time_while_it_runs_so_a_killed_session_keeps_it(tmp_path, monkeypatch):

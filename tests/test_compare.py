@@ -249,14 +249,19 @@ def test_each_draw_of_a_row_of_random_twins_keeps_the_prefixes_it_was_given():
         models = parse_models(["pre=a,b", f"r={first}:a,{first}:b"])
         assert [models[k].model for k in ("r", "r.2")] == [f"{first}:a", "random@2:b"]
     # a draw number given where another checkpoint of the row draws it: one draw twice, two grids of one model
-    drawn_twice = r"is given twice; expected each pre-training's checkpoint once \(a random twin's K-th checkpoint is"
-    for given, message in (("random@2:a,random:a", f"random:a {drawn_twice}"),
-                           ("bilstm:random@2:a,random:bilstm:a", f"random:bilstm:a {drawn_twice}"),
-                           ("random@2:a,random@1:a", f"random@1:a {drawn_twice}"),
-                           ("random:a,random:a", r"random:a is given twice; expected each pre-training's checkpoint "
-                                                 r"once$")):
-        with pytest.raises(CompareError, match=message):
+    for given, message in (("random@2:a,random:a", "random:a, checkpoint 2 of a row of random twins, is drawn as "
+                                                   "random@2:a, the draw random@2:a names already; expected each draw "
+                                                   "once"),
+                           ("bilstm:random@2:a,random:bilstm:a", "random:bilstm:a, checkpoint 2 of a row of random "
+                                                                 "twins, is drawn as random@2:bilstm:a, the draw "
+                                                                 "bilstm:random@2:a names already"),
+                           ("random@2:a,random@1:a", "random@1:a, checkpoint 2 of a row of random twins, is drawn as "
+                                                     "random@2:a"),
+                           ("random:a,random:a", "random:a is given twice; expected each pre-training's checkpoint "
+                                                 "once")):
+        with pytest.raises(CompareError) as err:
             parse_models(["pre=a,b", f"r={given}"])
+        assert str(err.value).startswith(f"--model r={given}: {message}"), err.value
 
 
 def test_several_pre_trainings_a_model_pair_by_position_and_a_random_twin_draws_once_per_checkpoint(setup, tmp_path):

@@ -248,3 +248,21 @@ def test_the_multi_bootstrap_interval_is_the_spread_of_pre_trainings_drawn_again
     exact = np.percentile([sum(c) / 5 for c in itertools.product(ahead, repeat=5)], [2.5, 97.5])
     assert list(exact) == [0.0, 6.0] and found["bootstrap95"] == pytest.approx([0.0, 6.0], abs=1e-9)
     assert found["ci95"][0] < 0  # the t interval's lower end
+
+
+def test_a_tables_unit_names_each_kind_of_pair_once_and_its_degrees_of_freedom():
+    """A table whose pairs count different pre-trainings (a variant with seeds of its own) names each unit once,
+    recipes first; one unit is said as it is; degrees of freedom ascending, singular for one."""
+    from bert_suite.report import common_comparison, degrees_text, scopes_text
+
+    three = common_comparison(table({42: [60.0, 61.0], 43: [62.0, 60.0], 44: [59.0, 58.0]}),
+                              table({42: [55.0, 56.0], 43: [57.0, 55.0], 44: [56.0, 54.0]}))
+    one = common_comparison(table({42: [60.0, 61.0], 43: [62.0, 60.0]}), table({42: [55.0, 57.0]}))
+    assert (three["scope"], three["df"], one["scope"], one["df"], one["paired_on"]) == ("recipes", 2, "checkpoints",
+                                                                                        1, ["42"])
+    assert scopes_text([three, three]) == "SE over 3 pre-trainings x 2 fine-tuning seeds"
+    assert scopes_text([one, three, one]) == ("each pair on the pre-trainings both sides have: SE over 3 "
+                                              "pre-trainings x 2 fine-tuning seeds, or SE over 2 fine-tuning seeds "
+                                              "where the two share one pre-training (these checkpoints)")
+    assert degrees_text([three, one, three]) == "1 or 2 degrees of freedom"
+    assert (degrees_text([one]), degrees_text([three])) == ("1 degree of freedom", "2 degrees of freedom")

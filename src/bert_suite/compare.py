@@ -102,10 +102,14 @@ def parse_models(values: list[str]) -> dict[str, Model]:
             same = [(s.random, s.bilstm, s.draw, os.path.realpath(s.source) if os.path.exists(s.source) else s.source)
                     for s in map(ModelSpec.parse, forms)]
             twice = next((i for i in range(len(same)) if same[i] in same[:i]), None)
-            if twice is not None:
+            if twice is not None and forms is elements:
                 raise CompareError(f"--model {value}: {elements[twice]} is given twice; expected each pre-training's "
-                                   "checkpoint once" + (" (a random twin's K-th checkpoint is its draw K, random@K)"
-                                                        if forms is drawn else ""))
+                                   "checkpoint once")
+            if twice is not None:
+                first = elements[same.index(same[twice])]
+                raise CompareError(f"--model {value}: {elements[twice]}, checkpoint {twice + 1} of a row of random "
+                                   f"twins, is drawn as {drawn[twice]}, the draw {first} names already; expected each "
+                                   "draw once (the K-th checkpoint's draw is K: random@K)")
         rows[name] = []
         for position, (element, spec) in enumerate(zip(drawn, specs, strict=True), start=1):
             if spec.source.startswith("preset:"):
@@ -505,11 +509,12 @@ def unit_text(result: dict) -> str:
                 f"score the mean over fine-tuning seeds {seeds} (scores 0-100): the SE counts pre-trainings, so a "
                 "verdict speaks about the recipes")
     elif several:
-        unit = (f"Mean ± standard error over a recipe's pre-trainings where it has several "
+        single = [name for name in counts if name not in several]
+        unit = (f"Mean ± standard error over each recipe's pre-trainings "
                 f"({', '.join(f'{name}: {n}' for name, n in several.items())}), each pre-training's score the mean "
-                f"over fine-tuning seeds {seeds}: the SE counts pre-trainings; over fine-tuning seeds {seeds} for a "
-                f"model of one pre-training ({', '.join(n for n in counts if n not in several)}): its SE speaks about "
-                "that checkpoint (scores 0-100)")
+                f"over fine-tuning seeds {seeds}: the SE counts pre-trainings, so it speaks about the recipe"
+                + (f"; over fine-tuning seeds {seeds} for a model of one pre-training ({', '.join(single)}): its SE "
+                   "speaks about that checkpoint" if single else "") + " (scores 0-100)")
     else:
         unit = (f"Mean ± standard error over fine-tuning seeds {seeds} (scores 0-100), one pre-training a model: a "
                 "verdict speaks about these checkpoints, not the recipes that made them")
@@ -576,7 +581,7 @@ def bars(ax, result: dict) -> None:
     pre-trainings a model, a dot per pre-training (its mean over the fine-tuning seeds) on each bar."""
     tasks, models = list(result["tasks"]), list(result["models"])
     width = 0.8 / len(models)
-    several = 1
+    several = set()
     for i, name in enumerate(models):
         entries = [result["tasks"][t]["models"][name] for t in tasks]
         where = [k + (i - (len(models) - 1) / 2) * width for k in range(len(tasks))]
@@ -584,13 +589,14 @@ def bars(ax, result: dict) -> None:
                label=name, color=f"C{i}")  # model i's colour: an ablation's curve panels take it too
         for x, entry in zip(where, entries, strict=True):
             means = [statistics.fmean(v) for v in entry.get("pretraining_scores", {}).values()]
+            several.update([len(means)] if means else [])
             if len(means) > 1:
-                several = max(several, len(means))
                 ax.scatter([x] * len(means), means, s=10, color="k", zorder=3)
     ax.set_xticks(range(len(tasks)), labels=[textwrap.fill(f"{t} ({result['tasks'][t]['metric']})", 14)
                                              for t in tasks])
-    ax.set(ylabel="dev score (0-100)", title=f"mean ± SE over {several} pre-trainings (dots), {len(result['seeds'])} "
-           "seeds each" if several > 1 else f"mean ± SE over {len(result['seeds'])} seeds")
+    counts = "-".join(map(str, sorted({min(several), max(several)}))) if several else "1"
+    ax.set(ylabel="dev score (0-100)", title=f"mean ± SE over {counts} pre-trainings (dots), {len(result['seeds'])} "
+           "seeds each" if max(several, default=1) > 1 else f"mean ± SE over {len(result['seeds'])} seeds")
     long = max(map(len, models)) > 12  # long names: one column beside the bars, not a row under them
     ax.legend(fontsize=8, ncols=1 if long else min(len(models), 5), loc="center left" if long else "upper center",
               bbox_to_anchor=(1.01, 0.5) if long else (0.5, -0.15))

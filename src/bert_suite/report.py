@@ -206,18 +206,22 @@ def scope_text(comparison: dict) -> str:
 
 
 def scopes_text(comparisons: list[dict]) -> str:
-    """`scope_text` of several comparisons (a table's): one where they agree, else each unit once, joined (a
-    variant with pre-training seeds of its own pairs on the seeds it shares with the other side)."""
+    """`scope_text` of several comparisons (a table's): one where they agree, else each unit once (a variant with
+    pre-training seeds of its own pairs on the seeds it shares with the other side)."""
     texts = list(dict.fromkeys(scope_text(c) for c in comparisons))
     if len(texts) == 1:
         return texts[0]
-    return " or ".join(texts) + ", as many pre-trainings as the two sides share"
+    parts = list(dict.fromkeys(f"SE over {c['pretrainings']} pre-trainings x {c['finetunings']} fine-tuning seeds"
+                               for c in comparisons if c["scope"] == "recipes"))
+    parts += list(dict.fromkeys(f"SE over {c['finetunings']} fine-tuning seeds where the two share one pre-training "
+                                "(these checkpoints)" for c in comparisons if c["scope"] != "recipes"))
+    return "each pair on the pre-trainings both sides have: " + ", or ".join(parts)
 
 
 def degrees_text(comparisons: list[dict]) -> str:
-    """The degrees of freedom of a table's comparisons: "4 degrees of freedom", or "2 or 1 degrees of freedom"
+    """The degrees of freedom of a table's comparisons: "4 degrees of freedom", or "1 or 2 degrees of freedom"
     where they differ."""
-    found = sorted({c["df"] for c in comparisons}, reverse=True)
+    found = sorted({c["df"] for c in comparisons})
     return f"{' or '.join(map(str, found))} degree{'s' * (found != [1])} of freedom"
 
 

@@ -121,11 +121,12 @@ def curve_unit(record: dict) -> str:
                 f"pre-training's score the mean over fine-tuning seeds {seeds} at that step: the SE counts "
                 "pre-trainings (the recipes).")
     if several:
-        return (f"Each cell: the mean ± SE over the variant's pre-trainings where it has several "
+        single = [name for name in counts if name not in several]
+        return (f"Each cell: the mean ± SE over the variant's pre-trainings "
                 f"({', '.join(f'{name}: {n}' for name, n in several.items())}), each pre-training's score the mean "
-                f"over fine-tuning seeds {seeds} at that step: the SE counts pre-trainings (the recipes); over "
-                f"fine-tuning seeds {seeds} for a variant of one pre-training "
-                f"({', '.join(n for n in counts if n not in several)}): that checkpoint.")
+                f"over fine-tuning seeds {seeds} at that step: the SE counts pre-trainings (the recipes)"
+                + (f"; over fine-tuning seeds {seeds} for a variant of one pre-training ({', '.join(single)}): that "
+                   "checkpoint" if single else "") + ".")
     return (f"Each cell: the mean ± SE over fine-tuning seeds {seeds} of one pre-training a variant: these "
             "checkpoints, not the recipes that made them.")
 
@@ -173,12 +174,13 @@ def markdown(record: dict, study: Study, decontamination: dict | None) -> str:
         if one:
             single = all(len(m.get("pretraining_scores") or {"1": 0}) == 1 for entry in record["tasks"].values()
                          for m in entry["models"].values())
-            lines += [("One pre-training a variant: these verdicts are" if single else
-                       f"Paired on one pre-training ({', '.join(one)}): those verdicts are") +
-                      " about these checkpoints, not about the recipes that made them (a second pre-training of one "
-                      "recipe can move a score as much as the objectives under comparison do). A verdict about the "
-                      "recipes needs two pre-training seeds in common at the least, three or more for a usable interval "
-                      "(with 2, t has 1 degree of freedom: 12.7 SE on each side).", ""]
+            lines += [("One pre-training a variant: these verdicts are about these checkpoints" if single else
+                       f"Paired on one pre-training ({', '.join(one)}): "
+                       f"{'that verdict is' if len(one) == 1 else 'those verdicts are'} about those checkpoints") +
+                      ", not about the recipes that made them (a second pre-training of one recipe can move a score as "
+                      "much as the objectives under comparison do). A verdict about the recipes needs "
+                      f"pretraining.seeds: two{' in common' * (not single)} at the least, three or more for a usable "
+                      "interval (with 2, t has 1 degree of freedom: 12.7 SE on each side).", ""]
     spread = spread_rows(record)
     if spread:
         lines += ["## Two sources of noise", "", *md_table(["task", "SD across pre-trainings", "SD across fine-tuning "
