@@ -1472,6 +1472,33 @@ def test_a_study_pretrained_on_another_machine_comes_back_checked_and_is_found_p
     assert refused.returncode != 0 and "was trained with another vocabulary" in refused.stderr
 
 
+@pytest.mark.slow  # a pre-training, collect and install (about a minute): make test-all
+def test_a_donor_pretrained_elsewhere_comes_back_with_the_snapshot_its_biphasic_run_on_the_curve_copies(data,
+                                                                                                     tmp_path):
+    """ltr is off the curve and bi, which starts from ltr's checkpoint, is on it: ltr pre-trained by its own
+    process (as on a GPU) writes the snapshot bi copies, and `install` records it as the study's stage does, so
+    the study finds ltr pre-trained here instead of refusing the record."""
+    transfer = [sys.executable, str(REPO / "tools" / "study_transfer.py")]
+    study = small_study(tmp_path, data, variants={
+        "ltr": {"use_nsp": False, "causal_attention": True}, "bi": {"causal_fraction": 0.5}, "pre": None,
+        "random": None}, compare={"baseline": "bi"}, curve={"variants": ["bi"], "tasks": ["rte"]},
+        contrasts=[{"first": "bi", "second": "ltr", "label": "biphasic against ltr"}])
+    work, back, here = tmp_path / "work", tmp_path / "back", tmp_path / "here"
+    work.mkdir()
+    assert run(study, "--output_dir", work / "ltr", "--until", "pretraining", "--variant", "ltr") == 0
+    assert (work / "ltr" / "pretraining" / "ltr" / "snapshots" / "step-3").is_dir()  # for bi, not for ltr's own
+    subprocess.run([*transfer, "collect", str(study), str(work), str(back), "--variants", "ltr"], check=True,
+                   capture_output=True)
+    installed = subprocess.run([*transfer, "install", str(study), str(here), str(back)], capture_output=True,
+                               text=True)
+    assert installed.returncode == 0, installed.stderr
+    recorded = json.loads((here / "stages" / "pretraining-ltr.json").read_text())["settings"]["recipe"]
+    assert recorded["snapshot_steps"] == "3"
+    assert (here / "pretraining" / "ltr" / "snapshots" / "step-3" / "model.safetensors").is_file()
+    assert run(study, "--output_dir", here, "--until", "pretraining", "--variant", "ltr") == 0
+    assert len(json.loads((here / "pretraining" / "ltr" / "timing.json").read_text())) == 1  # nothing launched here
+
+
 def data_study(tmp_path, data, **changes):
     return small_study(tmp_path, data, variants={
         "general": {"corpus": {"task_texts": []}}, "per_file": {"corpus": {"task_documents": "file"}},
